@@ -1,0 +1,1 @@
+//! Conformance: replays real model splits against independent goldens, and mutation cases that must fail.

@@ -1,0 +1,1 @@
+//! Every message that crosses between peers: postcard-encoded, framed, and validated on decode.
