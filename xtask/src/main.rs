@@ -1,6 +1,18 @@
-//! Project tasks, run as `cargo xtask <task>`: fixtures, conformance, bench, ci.
+//! Project tasks, run as `cargo xtask <task>` (the alias lives in `.cargo/config.toml`).
+//!
+//! - `fixtures`: build `target/fixtures/` (cached; a second run does no work)
+//! - `conformance`: replay real model splits and the mutation cases that must fail
+//! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
+//! - `ci`: everything CI runs; green here means green in CI
 
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, bail};
+
+mod bench;
+mod conformance;
+mod fixtures;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -13,9 +25,50 @@ fn main() -> ExitCode {
     }
 }
 
+const USAGE: &str = "usage: cargo xtask <fixtures|conformance|bench [--format json]|ci>";
+
 fn run(args: &[String]) -> anyhow::Result<()> {
-    match args.first().map(String::as_str) {
-        Some(task) => anyhow::bail!("unknown task `{task}`; tasks: fixtures, conformance, bench, ci"),
-        None => anyhow::bail!("usage: cargo xtask <fixtures|conformance|bench|ci>"),
+    let Some(task) = args.first() else { bail!("{USAGE}") };
+    let rest = &args[1..];
+    match task.as_str() {
+        "fixtures" => fixtures::run(rest),
+        "conformance" => conformance::run(rest),
+        "bench" => bench::run(rest),
+        "ci" => ci(rest),
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task `{other}`; {USAGE}"),
     }
+}
+
+/// The workspace root (the folder holding the root `Cargo.toml`).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Run a command in the workspace root, failing with its name when it fails.
+pub(crate) fn cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    eprintln!("$ {program} {}", args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("could not start `{program}`"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Everything CI checks: fixtures, formatting, lints, then every test of the workspace.
+fn ci(args: &[String]) -> anyhow::Result<()> {
+    if let Some(extra) = args.first() {
+        bail!("`ci` takes no arguments, got `{extra}`");
+    }
+    fixtures::run(&[])?;
+    cmd("cargo", &["fmt", "--all", "--", "--check"])?;
+    cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cmd("cargo", &["test", "--workspace"])
 }
