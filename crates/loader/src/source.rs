@@ -1,0 +1,275 @@
+//! Where checkpoint bytes come from: the [`ByteSource`] trait (positional reads of one file) and the
+//! [`Repo`] trait (the named files of one model), with local-file implementations and the Hugging
+//! Face cache layout. Nothing above the loader knows whether bytes come from a disk or a network.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::Error;
+
+/// One file's bytes, read by absolute offset. Implementations must be usable from several threads.
+// `len` is fallible (a remote source asks the server), so an `is_empty` would only mislead.
+#[allow(clippy::len_without_is_empty)]
+pub trait ByteSource: Send + Sync {
+    /// Total length in bytes.
+    fn len(&self) -> Result<u64, Error>;
+    /// Exactly `len` bytes starting at `offset`; a range past the end is an error.
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error>;
+    /// A short human-readable name (a path or a URL) used in error messages.
+    fn describe(&self) -> String;
+}
+
+/// A local file read with positional reads.
+pub struct FileSource {
+    path: PathBuf,
+    file: std::fs::File,
+    size: u64,
+    #[cfg(not(unix))]
+    lock: std::sync::Mutex<()>,
+}
+
+impl FileSource {
+    pub fn open(path: &Path) -> Result<FileSource, Error> {
+        let io = |source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        Ok(FileSource {
+            path: path.to_path_buf(),
+            file,
+            size,
+            #[cfg(not(unix))]
+            lock: std::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl ByteSource for FileSource {
+    fn len(&self) -> Result<u64, Error> {
+        Ok(self.size)
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        check_range(&self.describe(), offset, len, self.size)?;
+        let mut buf = vec![0u8; len];
+        let io = |source| Error::Io {
+            path: self.describe(),
+            source,
+        };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            self.file.read_exact_at(&mut buf, offset).map_err(io)?;
+        }
+        #[cfg(not(unix))]
+        {
+            use std::io::{Read, Seek, SeekFrom};
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            let mut file = &self.file;
+            file.seek(SeekFrom::Start(offset)).map_err(io)?;
+            file.read_exact(&mut buf).map_err(io)?;
+        }
+        Ok(buf)
+    }
+
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// Bytes held in memory (tests, and files small enough to fetch whole).
+pub struct MemSource {
+    name: String,
+    bytes: Vec<u8>,
+}
+
+impl MemSource {
+    pub fn new(name: &str, bytes: Vec<u8>) -> MemSource {
+        MemSource {
+            name: name.to_string(),
+            bytes,
+        }
+    }
+}
+
+impl ByteSource for MemSource {
+    fn len(&self) -> Result<u64, Error> {
+        Ok(self.bytes.len() as u64)
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        check_range(&self.name, offset, len, self.bytes.len() as u64)?;
+        let start = offset as usize;
+        Ok(self.bytes[start..start + len].to_vec())
+    }
+
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+}
+
+fn check_range(what: &str, offset: u64, len: usize, size: u64) -> Result<(), Error> {
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::OutOfRange {
+            what: what.to_string(),
+            offset,
+            len: len as u64,
+            size,
+        }),
+    }
+}
+
+/// The named files of one model repository (a local folder, a cache snapshot, later the Hub).
+pub trait Repo: Send + Sync {
+    /// The file `name` (a path relative to the repository root), or `None` when it does not exist.
+    fn open(&self, name: &str) -> Result<Option<Arc<dyn ByteSource>>, Error>;
+    /// A short human-readable name used in error messages.
+    fn describe(&self) -> String;
+}
+
+/// A local folder in Hugging Face layout.
+pub struct LocalDir {
+    root: PathBuf,
+}
+
+impl LocalDir {
+    pub fn new(root: &Path) -> LocalDir {
+        LocalDir {
+            root: root.to_path_buf(),
+        }
+    }
+}
+
+impl Repo for LocalDir {
+    fn open(&self, name: &str) -> Result<Option<Arc<dyn ByteSource>>, Error> {
+        if name.split('/').any(|part| part == ".." || part.is_empty()) {
+            return Err(Error::NotFound(format!(
+                "refusing file name `{name}` outside the model folder"
+            )));
+        }
+        let path = self.root.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Ok(Some(Arc::new(FileSource::open(&path)?)))
+    }
+
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+}
+
+/// A repo id `org/name` with an optional `@revision` (default `main`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepoId {
+    pub id: String,
+    pub revision: String,
+}
+
+impl RepoId {
+    /// Parse `org/name[@revision]`; anything else is refused, quoting the text.
+    pub fn parse(text: &str) -> Result<RepoId, Error> {
+        let (id, revision) = match text.split_once('@') {
+            Some((id, rev)) => (id, rev),
+            None => (text, "main"),
+        };
+        let bad = || {
+            Error::NotFound(format!(
+                "`{text}` is neither an existing local path nor a repo id of the form org/name[@revision]"
+            ))
+        };
+        let Some((org, name)) = id.split_once('/') else {
+            return Err(bad());
+        };
+        let ok_part = |p: &str| {
+            !p.is_empty()
+                && p != "."
+                && p != ".."
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        let ok_rev = !revision.is_empty()
+            && !revision.contains("..")
+            && revision
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
+        if !ok_part(org) || !ok_part(name) || !ok_rev {
+            return Err(bad());
+        }
+        Ok(RepoId {
+            id: id.to_string(),
+            revision: revision.to_string(),
+        })
+    }
+}
+
+/// The Hugging Face hub cache folder: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
+/// `~/.cache/huggingface/hub`.
+pub fn hf_cache_dir() -> Option<PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(dir) = var("HF_HUB_CACHE") {
+        return Some(dir);
+    }
+    if let Some(home) = var("HF_HOME") {
+        return Some(home.join("hub"));
+    }
+    var("HOME").map(|home| home.join(".cache").join("huggingface").join("hub"))
+}
+
+/// A resolved snapshot in the Hugging Face cache: its folder and the commit it belongs to.
+#[derive(Clone, Debug)]
+pub struct CachedSnapshot {
+    pub dir: PathBuf,
+    pub commit: String,
+}
+
+/// Look `repo` up in the cache at `cache`: `models--org--name/refs/<rev>` names the commit, whose
+/// files are in `snapshots/<commit>/`. A revision that is itself a snapshot folder is taken as is.
+pub fn find_in_cache(cache: &Path, repo: &RepoId) -> Result<CachedSnapshot, Error> {
+    let folder = cache.join(format!("models--{}", repo.id.replace('/', "--")));
+    let refs = folder.join("refs").join(&repo.revision);
+    let commit = if refs.is_file() {
+        let text = std::fs::read_to_string(&refs).map_err(|source| Error::Io {
+            path: refs.display().to_string(),
+            source,
+        })?;
+        text.trim().to_string()
+    } else if folder.join("snapshots").join(&repo.revision).is_dir() {
+        repo.revision.clone()
+    } else {
+        return Err(Error::NotFound(format!(
+            "model `{}` revision `{}` is not a local path and not in the Hugging Face cache at {} \
+             (looked for {})",
+            repo.id,
+            repo.revision,
+            cache.display(),
+            refs.display()
+        )));
+    };
+    if commit.is_empty() || !commit.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(Error::NotFound(format!(
+            "{}: invalid commit `{commit}`",
+            refs.display()
+        )));
+    }
+    let dir = folder.join("snapshots").join(&commit);
+    if !dir.is_dir() {
+        return Err(Error::NotFound(format!(
+            "model `{}`: snapshot folder {} for commit {commit} is missing",
+            repo.id,
+            dir.display()
+        )));
+    }
+    Ok(CachedSnapshot { dir, commit })
+}
