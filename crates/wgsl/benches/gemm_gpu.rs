@@ -1,0 +1,2 @@
+//! GPU bench.
+fn main() {}

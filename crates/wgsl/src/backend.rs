@@ -1,0 +1,299 @@
+//! `GpuBackend`: an adapter that passed the exactness gates, weight upload (`GpuWeights`), and the
+//! i32-accumulator GEMM on it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use daisy_gemm_int8::{Backend, PackedWeights, Quantized, Rhs};
+
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::gates;
+use crate::kernel::{self, Kernel, Pipeline, Scratch};
+
+/// The largest K whose i32 accumulation is exact: 127² · 131071 < 2³¹ (DESIGN §3.1).
+pub const MAX_K: usize = daisy_gemm_int8::MAX_K;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The verified INT8 GEMM on one wgpu device. Only constructed after the gates pass.
+pub struct GpuBackend {
+    gpu: Gpu,
+    pipeline: Pipeline,
+    kernel_name: &'static str,
+    id: u64,
+    scratch: Mutex<Scratch>,
+    /// Device copies of [`PackedWeights`], keyed by [`PackedWeights::id`].
+    cache: Mutex<HashMap<u64, Arc<GpuWeights>>>,
+}
+
+impl std::fmt::Debug for GpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuBackend")
+            .field("adapter", &self.adapter_name())
+            .field("kernel", &self.kernel_name)
+            .finish()
+    }
+}
+
+/// Int8 weights (N x K, row n = output channel n) resident on one backend's device.
+/// Dropping the handle frees the device memory.
+pub struct GpuWeights {
+    buffer: wgpu::Buffer,
+    n: usize,
+    k: usize,
+    backend: u64,
+    id: u64,
+}
+
+impl std::fmt::Debug for GpuWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuWeights")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl GpuWeights {
+    /// Output channels (rows).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Inner dimension (columns).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held on the device.
+    pub fn device_bytes(&self) -> u64 {
+        self.buffer.size()
+    }
+}
+
+fn check_len(operand: &'static str, got: usize, rows: usize, k: usize) -> Result<()> {
+    let expected = rows * k;
+    if got != expected {
+        return Err(Error::ShapeMismatch {
+            operand,
+            got,
+            expected,
+        });
+    }
+    Ok(())
+}
+
+fn check_k(k: usize) -> Result<()> {
+    if k > MAX_K {
+        return Err(Error::KTooLarge { k, max: MAX_K });
+    }
+    Ok(())
+}
+
+impl GpuBackend {
+    /// Opens the adapter the environment names, builds the best kernel it supports
+    /// (`dot4I8Packed` where implemented) and runs the exactness gates.
+    pub fn new() -> Result<GpuBackend> {
+        GpuBackend::with_kernel(Kernel::Auto)
+    }
+
+    /// Like [`GpuBackend::new`] with a chosen kernel; fails if the kernel fails a gate.
+    pub fn with_kernel(kernel: Kernel) -> Result<GpuBackend> {
+        let backend = GpuBackend::ungated(kernel)?;
+        gates::run(&backend)?;
+        daisy_gemm_int8::exact_gates(&backend)?;
+        backend.clear_cache();
+        Ok(backend)
+    }
+
+    /// Builds the backend without running the gates: for tests that inject a kernel after them.
+    #[doc(hidden)]
+    pub fn ungated(kernel: Kernel) -> Result<GpuBackend> {
+        let gpu = Gpu::open()?;
+        let source = kernel.source(gpu.packed_dot);
+        let pipeline = Pipeline::new(&gpu, &source)?;
+        Ok(GpuBackend {
+            kernel_name: kernel.name(gpu.packed_dot),
+            gpu,
+            pipeline,
+            id: next_id(),
+            scratch: Mutex::new(Scratch::default()),
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The adapter's name, backend and driver, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, llvmpipe)`.
+    pub fn adapter_name(&self) -> String {
+        self.gpu.adapter_name()
+    }
+
+    /// Which `dot4` the kernel uses: `dot4I8Packed`, `shift-extend` or `custom`.
+    pub fn kernel_name(&self) -> &'static str {
+        self.kernel_name
+    }
+
+    /// Whether the instance implements WGSL's `packed_4x8_integer_dot_product` extension.
+    pub fn has_packed_dot(&self) -> bool {
+        self.gpu.packed_dot
+    }
+
+    /// Uploads row-major int8 weights `b` (N x K) once; the handle keeps them on the device.
+    /// The copy is queued and overlaps with work already submitted.
+    pub fn upload(&self, b: &[i8], n: usize, k: usize) -> Result<GpuWeights> {
+        check_len("b", b.len(), n, k)?;
+        check_k(k)?;
+        let packed = kernel::pack_rows(b, n, k);
+        let bytes = packed.len().max(4) as u64;
+        if bytes > self.gpu.max_binding {
+            return Err(Error::TooLarge {
+                what: "weights",
+                bytes,
+                limit: self.gpu.max_binding,
+            });
+        }
+        let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("weights"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        if !packed.is_empty() {
+            self.gpu.queue.write_buffer(&buffer, 0, &packed);
+        }
+        self.gpu.take_error()?;
+        Ok(GpuWeights {
+            buffer,
+            n,
+            k,
+            backend: self.id,
+            id: next_id(),
+        })
+    }
+
+    /// `acc[t, n] = Σ_k a[t, k] · w[n, k]` in i32 for row-major `a` (T x K) and resident weights.
+    pub fn gemm_i8_resident(&self, a: &[i8], t: usize, w: &GpuWeights) -> Result<Vec<i32>> {
+        if w.backend != self.id {
+            return Err(Error::ForeignWeights { id: w.id });
+        }
+        let (n, k) = (w.n, w.k);
+        check_len("a", a.len(), t, k)?;
+        check_k(k)?;
+        if t == 0 || n == 0 || k == 0 {
+            return Ok(vec![0; t * n]);
+        }
+        let k4 = kernel::words(k);
+        let row_bytes = (n.max(k4) * 4) as u64;
+        let rows_per_call = (self.gpu.max_binding / row_bytes) as usize;
+        if rows_per_call == 0 {
+            return Err(Error::TooLarge {
+                what: "one output row",
+                bytes: row_bytes,
+                limit: self.gpu.max_binding,
+            });
+        }
+        let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::with_capacity(t * n);
+        for chunk in a.chunks(rows_per_call * k) {
+            let rows = chunk.len() / k;
+            let packed = kernel::pack_rows(chunk, rows, k);
+            let part = kernel::dispatch(
+                &self.gpu,
+                &self.pipeline,
+                &mut scratch,
+                &packed,
+                rows,
+                &w.buffer,
+                n,
+                k4,
+            )?;
+            out.extend_from_slice(&part);
+        }
+        Ok(out)
+    }
+
+    /// The same GEMM with B given per call (an activation operand: attention's K rows or Vᵀ rows).
+    pub fn gemm_i8(&self, a: &[i8], t: usize, b: &[i8], n: usize, k: usize) -> Result<Vec<i32>> {
+        check_len("a", a.len(), t, k)?;
+        let w = self.upload(b, n, k)?;
+        self.gemm_i8_resident(a, t, &w)
+    }
+}
+
+impl GpuBackend {
+    /// The device copy of `w`, uploaded on first use and kept until [`GpuBackend::evict`].
+    pub fn weights_for(&self, w: &PackedWeights) -> Result<Arc<GpuWeights>> {
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(g) = cache.get(&w.id()) {
+            return Ok(Arc::clone(g));
+        }
+        let q = w.to_quantized();
+        let g = Arc::new(self.upload(q.q(), q.rows(), q.k())?);
+        cache.insert(w.id(), Arc::clone(&g));
+        Ok(g)
+    }
+
+    /// Drops the device copy of the weights with this [`PackedWeights::id`], if any.
+    pub fn evict(&self, id: u64) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// Drops every cached device copy of [`PackedWeights`].
+    pub fn clear_cache(&self) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// Bytes of [`PackedWeights`] copies held on the device.
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|g| g.device_bytes())
+            .sum()
+    }
+
+    fn gemm_rhs(&self, a: &Quantized, b: Rhs<'_>) -> Result<Vec<i32>> {
+        match b {
+            Rhs::Weights(w) => self.gemm_i8_resident(a.q(), a.rows(), self.weights_for(w)?.as_ref()),
+            Rhs::Activation(q) => self.gemm_i8(a.q(), a.rows(), q.q(), q.rows(), q.k()),
+        }
+    }
+}
+
+/// The `daisy-gemm-int8` backend: the GPU returns the i32 accumulators; dequantization, audit and
+/// probe are the shared CPU code.
+impl Backend for GpuBackend {
+    fn name(&self) -> String {
+        format!("wgpu:{}", self.adapter_name())
+    }
+
+    fn gemm_i32(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        out: &mut [i32],
+    ) -> Result<(), daisy_gemm_int8::Error> {
+        daisy_gemm_int8::check_shapes(a, b, out)?;
+        let acc = self
+            .gemm_rhs(a, b)
+            .map_err(|e| daisy_gemm_int8::Error::Backend {
+                backend: self.name(),
+                message: e.to_string(),
+            })?;
+        out.copy_from_slice(&acc);
+        Ok(())
+    }
+}

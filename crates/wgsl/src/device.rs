@@ -1,0 +1,130 @@
+//! Instance, adapter and device from the environment (`WGPU_BACKEND`, `WGPU_ADAPTER_NAME`,
+//! `WGPU_POWER_PREF`), and the error sink that turns wgpu's uncaptured errors into `Error`s.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::error::{Error, Result};
+
+/// An open device with the facts the kernels need about it.
+pub(crate) struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    /// Whether the instance implements WGSL's `packed_4x8_integer_dot_product` extension.
+    pub(crate) packed_dot: bool,
+    /// The largest storage binding (and buffer) the device accepts, in bytes.
+    pub(crate) max_binding: u64,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gpu {
+    /// Opens the adapter the environment names, or the default one for `WGPU_BACKEND`.
+    pub(crate) fn open() -> Result<Gpu> {
+        pollster::block_on(open_async())
+    }
+
+    /// The adapter's name as the JSON output and the logs show it.
+    pub(crate) fn adapter_name(&self) -> String {
+        format!("{} ({:?}, {})", self.info.name, self.info.backend, self.info.driver)
+    }
+
+    /// Returns the errors wgpu reported since the last call, as one `Error`.
+    pub(crate) fn take_error(&self) -> Result<()> {
+        let mut errors = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+        if errors.is_empty() {
+            return Ok(());
+        }
+        let message = errors.join("; ");
+        errors.clear();
+        Err(Error::Wgpu {
+            adapter: self.adapter_name(),
+            message,
+        })
+    }
+}
+
+fn env_or_unset(key: &str) -> String {
+    std::env::var(key).unwrap_or_else(|_| "<unset>".to_owned())
+}
+
+fn no_adapter(reason: String) -> Error {
+    Error::NoAdapter {
+        backend: env_or_unset("WGPU_BACKEND"),
+        name: env_or_unset("WGPU_ADAPTER_NAME"),
+        reason,
+    }
+}
+
+async fn open_async() -> Result<Gpu> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.flags = wgpu::InstanceFlags::empty();
+    let desc = desc.with_env();
+    let backends = desc.backends;
+    let instance = wgpu::Instance::new(desc);
+    let packed_dot = instance
+        .wgsl_language_features()
+        .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
+
+    let adapter = match std::env::var("WGPU_ADAPTER_NAME") {
+        Ok(wanted) => {
+            let wanted = wanted.to_lowercase();
+            let adapters = instance.enumerate_adapters(backends).await;
+            let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+            adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
+                .ok_or_else(|| no_adapter(format!("none of {names:?} matches the name")))?
+        }
+        Err(_) => instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::from_env()
+                    .unwrap_or(wgpu::PowerPreference::HighPerformance),
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| no_adapter(e.to_string()))?,
+    };
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    let (device, queue) = adapter
+        .request_device(&wgpu::DeviceDescriptor {
+            label: Some("daisy-wgsl"),
+            required_features: wgpu::Features::empty(),
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        })
+        .await
+        .map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            reason: e.to_string(),
+        })?;
+
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&errors);
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        sink.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(e.to_string());
+    }));
+    let sink = Arc::clone(&errors);
+    device.set_device_lost_callback(move |reason, message| {
+        sink.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(format!("device lost ({reason:?}): {message}"));
+    });
+
+    Ok(Gpu {
+        device,
+        queue,
+        info,
+        packed_dot,
+        max_binding: limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size),
+        errors,
+    })
+}
