@@ -1,2 +1,160 @@
 //! The verified INT8 GEMM: one scale per activation row, one per weight column, exact i32 accumulation
 //! (DESIGN.md §3). Every matrix multiply in the project goes through this crate.
+//!
+//! `C = A · Bᵀ` with A `t × k` (activations) and B `n × k` (row n = output channel n):
+//! [`quantize_rows`] / [`PackedWeights::new`] quantize, a [`Backend`] computes the i32 accumulators,
+//! and [`gemm`] / [`gemm_act`] dequantize them here, `((acc as f32) · sa) · sb`, after [`audit`]ing a
+//! few seeded cells against the scalar reference. [`exact_gates`] admits a backend, [`probe`] hashes a
+//! seeded GEMM so devices can be compared, and [`measure_rate`] feeds the planner.
+
+mod backend;
+mod kernels;
+mod packed;
+mod quant;
+mod verify;
+
+pub use backend::{Backend, CpuBackend, Isa, Rhs, check_shapes};
+pub use packed::PackedWeights;
+pub use quant::{Quantized, quantize_rows};
+pub use verify::{
+    AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
+    reference_i32, seeded_matrix,
+};
+
+/// The largest K for which `127² · K < 2³¹`, so the i32 accumulator is exact.
+pub const MAX_K: usize = 131_071;
+
+/// Which operand of `A · Bᵀ` a refusal is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operand {
+    /// The activation rows (`t × k`).
+    A,
+    /// The weight rows or per-call B rows (`n × k`).
+    B,
+}
+
+impl std::fmt::Display for Operand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Operand::A => "a",
+            Operand::B => "b",
+        })
+    }
+}
+
+/// Everything this crate refuses.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// An input element is NaN or ±inf.
+    #[error(
+        "operand {operand} holds {value} at row {row}, column {col}; every element must be finite"
+    )]
+    NonFinite {
+        operand: Operand,
+        row: usize,
+        col: usize,
+        value: f32,
+    },
+    /// K is beyond what an i32 accumulator holds exactly.
+    #[error("k is {k}; at most {MAX_K} keeps the i32 accumulator exact")]
+    KTooLarge { k: usize },
+    /// A length disagrees with the shape.
+    #[error("{what} has length {got}, expected {expected}")]
+    Shape {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+    },
+    /// A quantized value outside `-127..=127`.
+    #[error("quantized value {value} at row {row}, column {col} is outside -127..=127")]
+    OutOfRange { value: i32, row: usize, col: usize },
+    /// A row scale that is negative or not finite.
+    #[error("row {row} has scale {value}; expected finite and non-negative")]
+    BadScale { value: f32, row: usize },
+    /// The CPU lacks an instruction set that was asked for.
+    #[error("this cpu does not support {isa}")]
+    Unsupported { isa: &'static str },
+    /// A backend disagreed with the scalar reference in an init gate.
+    #[error(
+        "backend {backend} failed gate {gate} at row {row}, column {col}: got {got}, expected {expected}"
+    )]
+    GateMismatch {
+        backend: String,
+        gate: &'static str,
+        row: usize,
+        col: usize,
+        got: i32,
+        expected: i32,
+    },
+    /// A live GEMM disagreed with the scalar reference in an audited cell.
+    #[error(
+        "audit of backend {backend} failed at row {row}, column {col}: got {got}, expected {expected}"
+    )]
+    AuditMismatch {
+        backend: String,
+        row: usize,
+        col: usize,
+        got: i32,
+        expected: i32,
+    },
+    /// A backend could not run (a device error, a lost adapter).
+    #[error("backend {backend} failed: {message}")]
+    Backend { backend: String, message: String },
+}
+
+/// `C[t][n] = ((acc as f32) · sa[t]) · sb[n]`: two correctly rounded f32 multiplies, left to right,
+/// no FMA — the one dequantization every backend's accumulators go through.
+pub fn dequantize(acc: &[i32], sa: &[f32], sb: &[f32]) -> Result<Vec<f32>, Error> {
+    let n = sb.len();
+    let expected = sa.len() * n;
+    if acc.len() != expected {
+        return Err(Error::Shape {
+            what: "accumulators",
+            got: acc.len(),
+            expected,
+        });
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::with_capacity(expected);
+    for (row, &s) in acc.chunks_exact(n).zip(sa) {
+        out.extend(row.iter().zip(sb).map(|(&v, &t)| (v as f32 * s) * t));
+    }
+    Ok(out)
+}
+
+/// The full contract with weights packed once: quantize A (`t × k`), integer GEMM on `backend`, audit,
+/// dequantize. Returns C, `t × n`.
+pub fn gemm(
+    backend: &dyn Backend,
+    a: &[f32],
+    t: usize,
+    b: &PackedWeights,
+) -> Result<Vec<f32>, Error> {
+    let qa = quantize_rows(a, t, b.k())?;
+    gemm_quantized(backend, &qa, Rhs::Weights(b))
+}
+
+/// The full contract with B an activation (`n × k`, quantized for this call): attention's K rows and
+/// Vᵀ rows.
+pub fn gemm_act(
+    backend: &dyn Backend,
+    a: &[f32],
+    t: usize,
+    b: &[f32],
+    n: usize,
+    k: usize,
+) -> Result<Vec<f32>, Error> {
+    let qa = quantize_rows(a, t, k)?;
+    let qb = quant::quantize(Operand::B, b, n, k)?;
+    gemm_quantized(backend, &qa, Rhs::Activation(&qb))
+}
+
+/// Integer GEMM on `backend` from quantized operands, audit, dequantize.
+pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Result<Vec<f32>, Error> {
+    let mut acc = vec![0i32; a.rows() * b.n()];
+    backend.gemm_i32(a, b, &mut acc)?;
+    verify::audit_live(backend, a, b, &acc)?;
+    dequantize(&acc, a.scales(), b.scales())
+}

@@ -1,0 +1,287 @@
+//! The backend trait (the integer part of the GEMM) and the CPU backend: kernel choice at run time,
+//! rayon over output-channel panels, and the shared scalar leftover loop.
+
+use rayon::prelude::*;
+
+use crate::kernels;
+use crate::packed::{PANEL, PackedWeights};
+use crate::quant::Quantized;
+use crate::{Error, Operand};
+
+/// The B operand of a GEMM: weights packed once, or an activation quantized for this call
+/// (attention's K rows and Vᵀ rows).
+#[derive(Debug, Clone, Copy)]
+pub enum Rhs<'a> {
+    /// Weights quantized once at load.
+    Weights(&'a PackedWeights),
+    /// Rows quantized for this call only.
+    Activation(&'a Quantized),
+}
+
+impl Rhs<'_> {
+    /// Output channels (rows of B).
+    pub fn n(&self) -> usize {
+        match self {
+            Rhs::Weights(w) => w.n(),
+            Rhs::Activation(q) => q.rows(),
+        }
+    }
+
+    /// Row length.
+    pub fn k(&self) -> usize {
+        match self {
+            Rhs::Weights(w) => w.k(),
+            Rhs::Activation(q) => q.k(),
+        }
+    }
+
+    /// One scale per output channel.
+    pub fn scales(&self) -> &[f32] {
+        match self {
+            Rhs::Weights(w) => w.scales(),
+            Rhs::Activation(q) => q.scales(),
+        }
+    }
+
+    /// Write row `col` of B as plain i8 values into `out` (length K).
+    pub fn write_row(&self, col: usize, out: &mut [i8]) {
+        match self {
+            Rhs::Weights(w) => w.write_row(col, out),
+            Rhs::Activation(q) => out.copy_from_slice(q.row(col)),
+        }
+    }
+}
+
+/// Something that computes the exact i32 accumulators `acc[t][n] = Σ_k qa[t][k] · qb[n][k]`.
+///
+/// Dequantization, gates, audit and probe stay in this crate and are shared by every backend, so a
+/// backend only ever answers for the integers. A backend may keep a device copy of weights keyed by
+/// [`PackedWeights::id`].
+pub trait Backend: Send + Sync {
+    /// A short name for logs and errors (`cpu-avx512vnni`, `wgpu:<adapter>`).
+    fn name(&self) -> String;
+
+    /// Write the `a.rows() × b.n()` accumulators into `out`, row-major.
+    fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error>;
+}
+
+/// Check that A, B and the output agree in shape.
+pub fn check_shapes(a: &Quantized, b: Rhs<'_>, out: &[i32]) -> Result<(), Error> {
+    if a.k() != b.k() {
+        return Err(Error::Shape {
+            what: "k of operand b",
+            got: b.k(),
+            expected: a.k(),
+        });
+    }
+    let expected = a.rows() * b.n();
+    if out.len() != expected {
+        return Err(Error::Shape {
+            what: "accumulator buffer",
+            got: out.len(),
+            expected,
+        });
+    }
+    Ok(())
+}
+
+/// A CPU instruction set the kernels can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// The portable scalar loop.
+    Scalar,
+    /// AVX2 `vpmaddubsw` with the sign trick (every pair sum stays inside i16).
+    Avx2,
+    /// AVX-512 VNNI `vpdpbusd` with A offset by +128 and a per-channel correction.
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every instruction set, slowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// Whether this CPU runs it.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The instruction sets this CPU runs, slowest first.
+    pub fn supported() -> Vec<Isa> {
+        Isa::ALL
+            .into_iter()
+            .filter(|isa| isa.is_supported())
+            .collect()
+    }
+
+    /// Its name in backend names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The CPU backend: one instruction set, chosen at run time, multithreaded over output channels.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuBackend {
+    isa: Isa,
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Below this many multiply-adds a GEMM runs on the calling thread (waking workers costs more).
+const PARALLEL_MIN_MACS: usize = 1 << 16;
+
+impl CpuBackend {
+    /// The fastest instruction set this CPU supports.
+    pub fn new() -> Self {
+        let isa = Isa::supported().pop().unwrap_or(Isa::Scalar);
+        Self { isa }
+    }
+
+    /// A backend pinned to `isa`, refused when this CPU does not run it.
+    pub fn with_isa(isa: Isa) -> Result<Self, Error> {
+        if !isa.is_supported() {
+            return Err(Error::Unsupported { isa: isa.name() });
+        }
+        Ok(Self { isa })
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    fn run(&self, a: &Quantized, b: &PackedWeights, out: &mut [i32]) {
+        let (t, n, k) = (a.rows(), b.n(), b.k());
+        if t == 0 || n == 0 {
+            return;
+        }
+        // The A operand in the form the kernel wants: +128 (as u8) for vpdpbusd, i8 otherwise.
+        let offset: Vec<u8>;
+        let a_bytes: &[u8] = match self.isa {
+            Isa::Avx512Vnni => {
+                offset = a.q().iter().map(|&v| (v as u8) ^ 0x80).collect();
+                &offset
+            }
+            Isa::Scalar | Isa::Avx2 => {
+                // SAFETY: i8 and u8 have the same size and alignment; the kernels that take this
+                // view reinterpret it back as i8.
+                unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) }
+            }
+        };
+        let panels = b.panels();
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let job = |p0: usize, p1: usize| {
+            let out = out_ptr;
+            // SAFETY: each job writes only columns [16·p0, 16·p1) ∩ [0, n) of `out` (t × n), and the
+            // jobs' panel ranges are disjoint, so no two threads touch the same element; `out` lives
+            // until every job has returned.
+            unsafe {
+                kernels::gemm_panels(self.isa, a_bytes, t, k, b, p0, p1, out.0, n);
+                leftover(a, b, p0, p1, out.0);
+            }
+        };
+        let macs = t * n * k;
+        let threads = rayon::current_num_threads().max(1);
+        if macs < PARALLEL_MIN_MACS || panels < 2 || threads == 1 {
+            job(0, panels);
+            return;
+        }
+        let chunks = if t >= 16 {
+            (threads * 4).min(panels)
+        } else {
+            threads.min(panels)
+        };
+        (0..chunks)
+            .into_par_iter()
+            .for_each(|c| job(c * panels / chunks, (c + 1) * panels / chunks));
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut i32);
+// SAFETY: the pointer is only used for disjoint writes (see `CpuBackend::run`).
+unsafe impl Send for SyncPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SyncPtr {}
+
+/// The scalar leftover loop: adds the last `K mod 4` products of every row to columns
+/// `[16·p0, 16·p1) ∩ [0, n)`.
+///
+/// # Safety
+/// `out` must point to `a.rows() × b.n()` writable i32 that no other thread touches in these columns.
+unsafe fn leftover(a: &Quantized, b: &PackedWeights, p0: usize, p1: usize, out: *mut i32) {
+    let (t, n, k) = (a.rows(), b.n(), b.k());
+    let kmain = b.kmain();
+    let rest = k - kmain;
+    if rest == 0 {
+        return;
+    }
+    let tail = b.tail();
+    let (c0, c1) = (p0 * PANEL, (p1 * PANEL).min(n));
+    for r in 0..t {
+        let qa = &a.row(r)[kmain..];
+        for col in c0..c1 {
+            let qb = &tail[col * rest..(col + 1) * rest];
+            let s: i32 = qa
+                .iter()
+                .zip(qb)
+                .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                .sum();
+            // SAFETY: r < t and col < n, inside the caller's columns.
+            unsafe {
+                let o = out.add(r * n + col);
+                *o = (*o).wrapping_add(s);
+            }
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        format!("cpu-{}", self.isa.name())
+    }
+
+    fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
+        check_shapes(a, b, out)?;
+        match b {
+            Rhs::Weights(w) => self.run(a, w, out),
+            Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out),
+        }
+        Ok(())
+    }
+}
+
+impl Operand {
+    pub(crate) fn matrix_name(self) -> &'static str {
+        match self {
+            Operand::A => "operand a (rows × k)",
+            Operand::B => "operand b (n × k)",
+        }
+    }
+}

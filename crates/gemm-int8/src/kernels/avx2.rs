@@ -1,0 +1,125 @@
+//! AVX2 kernel: `vpmaddubsw` needs u8 × i8 and saturates its pair sums at i16, so it takes |a| against
+//! `sign(b, a)` (`vpsignb`): each pair sum is at most 2 · 127 · 127 = 32258 < 2¹⁵, never saturating;
+//! `vpmaddwd` with ones then widens to i32. A 64-byte panel line is two ymm of 8 channels × 4 K values.
+//!
+//! Register tile: up to 4 rows × 1 panel (16 channels) = 8 ymm accumulators.
+
+use std::arch::x86_64::*;
+
+use super::{KC_GROUPS, STREAM_MAX_T};
+use crate::packed::{PANEL, PackedWeights};
+
+const MR: usize = 4;
+
+/// See [`super::gemm_panels`]; `a` holds the i8 bytes.
+///
+/// # Safety
+/// As [`super::gemm_panels`], and the CPU must support avx2.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn gemm_panels(
+    a: &[u8],
+    t: usize,
+    k: usize,
+    b: &PackedWeights,
+    p0: usize,
+    p1: usize,
+    out: *mut i32,
+    n: usize,
+) {
+    let groups = b.groups();
+    if groups == 0 {
+        for r in 0..t {
+            for col in p0 * PANEL..(p1 * PANEL).min(n) {
+                // SAFETY: r < t, col < n, inside the caller's columns.
+                unsafe { *out.add(r * n + col) = 0 };
+            }
+        }
+        return;
+    }
+    let kc = if t <= STREAM_MAX_T { groups } else { KC_GROUPS };
+    let tile = Tile {
+        a: a.as_ptr(),
+        k,
+        lines: b.lines().as_ptr().cast(),
+        groups,
+        out,
+        n,
+    };
+    let mut g0 = 0;
+    while g0 < groups {
+        let g1 = (g0 + kc).min(groups);
+        for p in p0..p1 {
+            let mut r = 0;
+            while r < t {
+                let mr = MR.min(t - r);
+                // SAFETY: r + mr ≤ t, p < panels, g1 ≤ groups; the caller's contract covers `tile`.
+                unsafe {
+                    match mr {
+                        1 => micro::<1>(&tile, r, p, g0, g1),
+                        2 => micro::<2>(&tile, r, p, g0, g1),
+                        3 => micro::<3>(&tile, r, p, g0, g1),
+                        _ => micro::<4>(&tile, r, p, g0, g1),
+                    }
+                }
+                r += mr;
+            }
+        }
+        g0 = g1;
+    }
+}
+
+struct Tile {
+    a: *const u8,
+    k: usize,
+    lines: *const __m256i,
+    groups: usize,
+    out: *mut i32,
+    n: usize,
+}
+
+/// Rows `[r, r + M)` × panel `p` over K groups `[g0, g1)`; the first block stores, later blocks add.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn micro<const M: usize>(tile: &Tile, r: usize, p: usize, g0: usize, g1: usize) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); 2]; M];
+    // SAFETY: rows r..r+M < t, panel p < panels, groups g0..g1 ≤ groups (see `gemm_panels`): every A
+    // read (4 bytes at row·k + 4g ≤ kmain − 4) and both halves of each 64-byte-aligned line are in bounds.
+    unsafe {
+        for g in g0..g1 {
+            let line = tile.lines.add(2 * (p * tile.groups + g));
+            let bv = [_mm256_load_si256(line), _mm256_load_si256(line.add(1))];
+            for (i, row) in acc.iter_mut().enumerate() {
+                let quad = tile
+                    .a
+                    .add((r + i) * tile.k + 4 * g)
+                    .cast::<i32>()
+                    .read_unaligned();
+                let av = _mm256_set1_epi32(quad);
+                let mag = _mm256_abs_epi8(av);
+                for (c, v) in row.iter_mut().zip(&bv) {
+                    let pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(*v, av));
+                    *c = _mm256_add_epi32(*c, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        let first = g0 == 0;
+        for h in 0..2 {
+            let col0 = p * PANEL + 8 * h;
+            if col0 >= tile.n {
+                break;
+            }
+            let valid = 8.min(tile.n - col0);
+            for (i, row) in acc.iter().enumerate() {
+                let dst = tile.out.add((r + i) * tile.n + col0);
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), row[h]);
+                for (c, v) in lanes.iter().take(valid).enumerate() {
+                    let d = dst.add(c);
+                    *d = if first { *v } else { (*d).wrapping_add(*v) };
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The integer kernels over the panel layout: a scalar loop (every target) and, on x86-64, AVX2 and
+//! AVX-512 VNNI, chosen at run time by [`crate::Isa`]. Each computes the grouped part of K (`K − K mod 4`)
+//! for a range of panels; the leftover `K mod 4` is the shared scalar loop in `backend.rs`.
+
+use crate::Isa;
+use crate::packed::PackedWeights;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod scalar;
+
+/// Write `out[r][col] = Σ_{k < kmain} qa[r][k] · qb[col][k]` for every row `r < t` and every column of
+/// panels `[p0, p1)` that is below `n`.
+///
+/// `a` is `t × k` row-major: `qa + 128` as u8 for [`Isa::Avx512Vnni`], the i8 bytes otherwise.
+///
+/// # Safety
+/// `isa` must be supported by this CPU; `a.len() == t·k`, `k == b.k()`, `p1 ≤ b.panels()`; `out` must
+/// point to `t × n` writable i32 (`n == b.n()`) that no other thread touches in these columns.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemm_panels(
+    isa: Isa,
+    a: &[u8],
+    t: usize,
+    k: usize,
+    b: &PackedWeights,
+    p0: usize,
+    p1: usize,
+    out: *mut i32,
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        match isa {
+            Isa::Scalar => scalar::gemm_panels(a, t, k, b, p0, p1, out, n),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::gemm_panels(a, t, k, b, p0, p1, out, n),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => avx512::gemm_panels(a, t, k, b, p0, p1, out, n),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => scalar::gemm_panels(a, t, k, b, p0, p1, out, n),
+        }
+    }
+}
+
+/// K groups per cache block: a 4-panel tile of B is `KC_GROUPS × 256` bytes (24 KiB), kept in L1
+/// while every row of A passes over it.
+pub(crate) const KC_GROUPS: usize = 96;
+
+/// Rows of A up to which K is not blocked (decode streams B once, front to back).
+pub(crate) const STREAM_MAX_T: usize = 4;

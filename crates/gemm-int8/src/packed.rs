@@ -1,0 +1,167 @@
+//! Weights quantized once into the CPU kernels' panel layout, behind a handle.
+//!
+//! Layout: output channels in panels of 16; within a panel, K in groups of 4; one 64-byte line per
+//! (panel, group) holding `qb[16p + c][4g + j]` at byte `4c + j`. That line is exactly one operand of
+//! AVX-512 `vpdpbusd` (16 i32 lanes, each a 4-term dot product) and two of the AVX2 kernel, and a panel
+//! streams from memory front to back, which is what decode (T = 1) needs. Columns past N are zero.
+//! The last `K mod 4` values of each row live row-major in `tail`, for the kernels' scalar leftover
+//! loop. `corr` holds `128 · Σ qb[n][k]` over the grouped part of K, which undoes the +128 offset that
+//! makes A unsigned for `vpdpbusd`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::quant::{Quantized, quantize};
+use crate::{Error, Operand};
+
+/// Output channels per panel.
+pub(crate) const PANEL: usize = 16;
+
+/// One 64-byte line of a panel: 16 channels × 4 consecutive K values.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [i8; 64]);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Weights `N × K` (row n = output channel n), quantized per row and packed for the kernels.
+///
+/// Each handle has a process-unique [`id`](Self::id) so a device backend can cache its own upload.
+pub struct PackedWeights {
+    id: u64,
+    n: usize,
+    k: usize,
+    lines: Vec<Line>,
+    tail: Vec<i8>,
+    corr: Vec<i32>,
+    scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedWeights")
+            .field("id", &self.id)
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+impl PackedWeights {
+    /// Quantize `w` (`n × k`, row-major, row = output channel) and pack it.
+    ///
+    /// Refuses a non-finite element (naming operand B, its row and column) and `k > 131071`.
+    pub fn new(w: &[f32], n: usize, k: usize) -> Result<Self, Error> {
+        Ok(Self::from_quantized(&quantize(Operand::B, w, n, k)?))
+    }
+
+    /// Pack rows that are already quantized (the per-call path for an activation operand).
+    pub fn from_quantized(b: &Quantized) -> Self {
+        let (n, k) = (b.rows(), b.k());
+        let kmain = k - k % 4;
+        let groups = kmain / 4;
+        let panels = n.div_ceil(PANEL);
+        let mut lines = vec![Line([0; 64]); panels * groups];
+        let mut corr = vec![0i32; panels * PANEL];
+        let mut tail = Vec::with_capacity(n * (k - kmain));
+        for (col, sum) in corr.iter_mut().enumerate().take(n) {
+            let row = b.row(col);
+            let (p, c) = (col / PANEL, col % PANEL);
+            for (g, quad) in row[..kmain].chunks_exact(4).enumerate() {
+                lines[p * groups + g].0[4 * c..4 * c + 4].copy_from_slice(quad);
+            }
+            *sum = 128 * row[..kmain].iter().map(|&v| i32::from(v)).sum::<i32>();
+            tail.extend_from_slice(&row[kmain..]);
+        }
+        Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            n,
+            k,
+            lines,
+            tail,
+            corr,
+            scales: b.scales().to_vec(),
+        }
+    }
+
+    /// Process-unique identity of this handle.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Output channels.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Row length.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// One scale per output channel.
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// Bytes held by this handle.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64 + self.tail.len() + 4 * self.corr.len() + 4 * self.scales.len()
+    }
+
+    /// Write row `col` (output channel) as plain i8 values into `out` (length K).
+    pub fn write_row(&self, col: usize, out: &mut [i8]) {
+        let kmain = self.kmain();
+        let groups = kmain / 4;
+        let (p, c) = (col / PANEL, col % PANEL);
+        for (g, quad) in out[..kmain].chunks_exact_mut(4).enumerate() {
+            quad.copy_from_slice(&self.lines[p * groups + g].0[4 * c..4 * c + 4]);
+        }
+        let rest = self.k - kmain;
+        out[kmain..].copy_from_slice(&self.tail[col * rest..(col + 1) * rest]);
+    }
+
+    /// The weights as plain row-major i8 (`n × k`) and their scales, for a backend that uploads its
+    /// own layout.
+    pub fn to_quantized(&self) -> Quantized {
+        let mut q = vec![0i8; self.n * self.k];
+        if self.k > 0 {
+            for (col, row) in q.chunks_exact_mut(self.k).enumerate() {
+                self.write_row(col, row);
+            }
+        }
+        Quantized::from_raw(self.n, self.k, q, self.scales.clone())
+    }
+
+    /// The part of K held in 4-wide groups.
+    pub(crate) fn kmain(&self) -> usize {
+        self.k - self.k % 4
+    }
+
+    pub(crate) fn groups(&self) -> usize {
+        self.k / 4
+    }
+
+    pub(crate) fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// The lines of panel `p`, one per K group.
+    pub(crate) fn panel(&self, p: usize) -> &[Line] {
+        let g = self.groups();
+        &self.lines[p * g..(p + 1) * g]
+    }
+
+    pub(crate) fn lines(&self) -> &[Line] {
+        &self.lines
+    }
+
+    /// Row-major `n × (k mod 4)` leftover values.
+    pub(crate) fn tail(&self) -> &[i8] {
+        &self.tail
+    }
+
+    /// `128 · Σ_{k < kmain} qb[n][k]`, padded with zeros to whole panels.
+    pub(crate) fn corr(&self) -> &[i32] {
+        &self.corr
+    }
+}

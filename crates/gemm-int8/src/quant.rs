@@ -1,0 +1,155 @@
+//! Row quantization (DESIGN.md §3.1–3.3): one f32 scale per row, values rounded ties-to-even into ±127.
+
+use crate::{Error, MAX_K, Operand};
+
+/// Rows of i8 values in `-127..=127`, row-major `rows × k`, with one scale per row.
+///
+/// A row whose largest magnitude is below `f32::MIN_POSITIVE` (zero or subnormal) is all zeros with
+/// scale 0. The fields are private so every `Quantized` keeps these invariants; read them with the
+/// accessors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantized {
+    rows: usize,
+    k: usize,
+    q: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl Quantized {
+    /// Assemble already-quantized rows, checking lengths, `k ≤ 131071`, values in `-127..=127` and
+    /// scales finite and non-negative.
+    pub fn from_parts(rows: usize, k: usize, q: Vec<i8>, scales: Vec<f32>) -> Result<Self, Error> {
+        check_k(k)?;
+        let expected = rows.checked_mul(k).ok_or(Error::Shape {
+            what: "quantized rows",
+            got: usize::MAX,
+            expected: usize::MAX,
+        })?;
+        if q.len() != expected {
+            return Err(Error::Shape {
+                what: "quantized values",
+                got: q.len(),
+                expected,
+            });
+        }
+        if scales.len() != rows {
+            return Err(Error::Shape {
+                what: "row scales",
+                got: scales.len(),
+                expected: rows,
+            });
+        }
+        if let Some(index) = q.iter().position(|&v| v == i8::MIN) {
+            return Err(Error::OutOfRange {
+                value: i32::from(i8::MIN),
+                row: index / k,
+                col: index % k,
+            });
+        }
+        if let Some(row) = scales.iter().position(|s| !s.is_finite() || *s < 0.0) {
+            return Err(Error::BadScale {
+                value: scales[row],
+                row,
+            });
+        }
+        Ok(Self { rows, k, q, scales })
+    }
+
+    /// Rows whose invariants the caller already holds (unpacked from a `PackedWeights`).
+    pub(crate) fn from_raw(rows: usize, k: usize, q: Vec<i8>, scales: Vec<f32>) -> Self {
+        Self { rows, k, q, scales }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row length.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// The values, row-major `rows × k`.
+    pub fn q(&self) -> &[i8] {
+        &self.q
+    }
+
+    /// Row `r` of the values.
+    pub fn row(&self, r: usize) -> &[i8] {
+        &self.q[r * self.k..(r + 1) * self.k]
+    }
+
+    /// One scale per row (`m / 127`, or 0 for a zero or subnormal row).
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+}
+
+pub(crate) fn check_k(k: usize) -> Result<(), Error> {
+    if k > MAX_K {
+        return Err(Error::KTooLarge { k });
+    }
+    Ok(())
+}
+
+/// Quantize the rows of an activation matrix `a` (`rows × k`, row-major), the A operand of a GEMM.
+///
+/// Refuses a non-finite element (naming operand A, its row and column) and `k > 131071`.
+pub fn quantize_rows(a: &[f32], rows: usize, k: usize) -> Result<Quantized, Error> {
+    quantize(Operand::A, a, rows, k)
+}
+
+/// Quantize `rows × k` values, naming `operand` in a refusal.
+pub(crate) fn quantize(
+    operand: Operand,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+) -> Result<Quantized, Error> {
+    check_k(k)?;
+    let expected = rows.checked_mul(k).ok_or(Error::Shape {
+        what: "rows × k",
+        got: usize::MAX,
+        expected: usize::MAX,
+    })?;
+    if x.len() != expected {
+        return Err(Error::Shape {
+            what: operand.matrix_name(),
+            got: x.len(),
+            expected,
+        });
+    }
+    if let Some(index) = x.iter().position(|v| !v.is_finite()) {
+        return Err(Error::NonFinite {
+            operand,
+            row: index / k,
+            col: index % k,
+            value: x[index],
+        });
+    }
+    let mut q = vec![0i8; expected];
+    let mut scales = vec![0f32; rows];
+    if k == 0 {
+        return Ok(Quantized { rows, k, q, scales });
+    }
+    for ((row, out), scale) in x
+        .chunks_exact(k)
+        .zip(q.chunks_exact_mut(k))
+        .zip(&mut scales)
+    {
+        let m = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if m < f32::MIN_POSITIVE {
+            continue; // zeros, scale 0
+        }
+        *scale = m / 127.0;
+        let inv = 127.0 / m;
+        for (o, &v) in out.iter_mut().zip(row) {
+            // For 0 < m < 3.8e-37 `inv` overflows to +inf; `0 * inf` is NaN, which `as i8` maps to 0,
+            // and any other element saturates to ±127. That is the contract read literally, and it is
+            // the same on every machine because quantization only ever runs here.
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+    }
+    Ok(Quantized { rows, k, q, scales })
+}

@@ -1,0 +1,289 @@
+//! The scalar reference (the definition of the accumulators), the init gates of DESIGN.md §3.7, the
+//! live random-cell audit, the cross-device probe and the measured rate for the planner.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::backend::{Backend, Rhs, check_shapes};
+use crate::packed::PackedWeights;
+use crate::quant::{Quantized, quantize_rows};
+use crate::{Error, Operand, gemm, quant};
+
+/// Cells recomputed by [`audit`] after each live GEMM.
+pub const AUDIT_CELLS: usize = 16;
+
+/// The probe's `(t, k, n)`: K not a multiple of 4, N not a multiple of 16.
+pub const PROBE_SHAPE: (usize, usize, usize) = (5, 1027, 37);
+
+/// `Σ_k qa[k] · qb[k]` in i32, the definition every kernel must equal.
+pub fn reference_cell(qa: &[i8], qb: &[i8]) -> i32 {
+    qa.iter()
+        .zip(qb)
+        .map(|(&x, &y)| i32::from(x) * i32::from(y))
+        .sum()
+}
+
+/// The scalar reference for a whole GEMM: `out[t][n] = Σ_k qa[t][k] · qb[n][k]`, plain loops over
+/// row-major values.
+pub fn reference_i32(a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
+    check_shapes(a, b, out)?;
+    let (n, k) = (b.n(), b.k());
+    let mut qb = vec![0i8; k];
+    for col in 0..n {
+        b.write_row(col, &mut qb);
+        for r in 0..a.rows() {
+            out[r * n + col] = reference_cell(a.row(r), &qb);
+        }
+    }
+    Ok(())
+}
+
+/// SplitMix64: the seeded stream behind the audit's cells, the gates' and the probe's inputs.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seeded `rows × cols` matrix: uniform values in [-1, 1) times a per-row magnitude from 10⁻³ to
+/// 10³, so row scales differ. The same seed gives the same bits on every machine.
+pub fn seeded_matrix(seed: u64, rows: usize, cols: usize) -> Vec<f32> {
+    const MAGNITUDES: [f32; 7] = [1.0, 1e-3, 0.5, 1e3, 0.01, 7.0, 100.0];
+    let mut state = seed;
+    let mut out = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        let mag = MAGNITUDES[r % MAGNITUDES.len()];
+        for _ in 0..cols {
+            let u = (splitmix(&mut state) >> 40) as f32 / (1u64 << 24) as f32;
+            out.push((2.0 * u - 1.0) * mag);
+        }
+    }
+    out
+}
+
+/// Recompute `cells` seeded random cells of `acc` (`a.rows() × b.n()`) with the scalar reference;
+/// the first disagreement is an [`Error::AuditMismatch`] naming `backend`.
+pub fn audit(
+    backend: &str,
+    a: &Quantized,
+    b: Rhs<'_>,
+    acc: &[i32],
+    seed: u64,
+    cells: usize,
+) -> Result<(), Error> {
+    check_shapes(a, b, acc)?;
+    let total = acc.len();
+    if total == 0 {
+        return Ok(());
+    }
+    let n = b.n();
+    let mut qb = vec![0i8; b.k()];
+    let mut state = seed;
+    for _ in 0..cells {
+        let cell = (splitmix(&mut state) % total as u64) as usize;
+        let (row, col) = (cell / n, cell % n);
+        b.write_row(col, &mut qb);
+        let expected = reference_cell(a.row(row), &qb);
+        if acc[cell] != expected {
+            return Err(Error::AuditMismatch {
+                backend: backend.to_string(),
+                row,
+                col,
+                got: acc[cell],
+                expected,
+            });
+        }
+    }
+    Ok(())
+}
+
+static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_A0D1_7000_0000);
+
+/// The audit every live GEMM gets: [`AUDIT_CELLS`] cells, a fresh seed per call.
+pub(crate) fn audit_live(
+    backend: &dyn Backend,
+    a: &Quantized,
+    b: Rhs<'_>,
+    acc: &[i32],
+) -> Result<(), Error> {
+    let mut seed = AUDIT_SEED.fetch_add(1, Ordering::Relaxed);
+    let seed = splitmix(&mut seed);
+    audit(&backend.name(), a, b, acc, seed, AUDIT_CELLS)
+}
+
+/// How a gate fills a matrix.
+#[derive(Clone, Copy)]
+enum Fill {
+    /// [`seeded_matrix`] with one all-zero row and one subnormal row (when there are 3 rows or more).
+    Seeded(u64),
+    /// Every element ±1 (quantizes to ±127): row r is `+`, `−`, `+−+−…`, `−+−+…` for r mod 4.
+    Extremes,
+}
+
+struct Gate {
+    name: &'static str,
+    t: usize,
+    k: usize,
+    n: usize,
+    a: Fill,
+    b: Fill,
+}
+
+/// The shapes of DESIGN.md §3.7: K not a multiple of the SIMD width, T = 1, zero and subnormal rows,
+/// row and panel remainders, several K blocks, and ±127 everywhere at K = 131071.
+const GATES: [Gate; 8] = [
+    Gate {
+        name: "t1-k1-n1",
+        t: 1,
+        k: 1,
+        n: 1,
+        a: Fill::Seeded(1),
+        b: Fill::Seeded(2),
+    },
+    Gate {
+        name: "t1-k3-n5",
+        t: 1,
+        k: 3,
+        n: 5,
+        a: Fill::Seeded(3),
+        b: Fill::Seeded(4),
+    },
+    Gate {
+        name: "t1-k577-n19",
+        t: 1,
+        k: 577,
+        n: 19,
+        a: Fill::Seeded(5),
+        b: Fill::Seeded(6),
+    },
+    Gate {
+        name: "t2-k64-n16",
+        t: 2,
+        k: 64,
+        n: 16,
+        a: Fill::Seeded(7),
+        b: Fill::Seeded(8),
+    },
+    Gate {
+        name: "t7-k1541-n67-zero-subnormal",
+        t: 7,
+        k: 1541,
+        n: 67,
+        a: Fill::Seeded(9),
+        b: Fill::Seeded(10),
+    },
+    Gate {
+        name: "t13-k67-n33",
+        t: 13,
+        k: 67,
+        n: 33,
+        a: Fill::Seeded(11),
+        b: Fill::Seeded(12),
+    },
+    Gate {
+        name: "t67-k579-n129",
+        t: 67,
+        k: 579,
+        n: 129,
+        a: Fill::Seeded(13),
+        b: Fill::Seeded(14),
+    },
+    Gate {
+        name: "extremes-k131071",
+        t: 4,
+        k: crate::MAX_K,
+        n: 5,
+        a: Fill::Extremes,
+        b: Fill::Extremes,
+    },
+];
+
+fn fill(f: Fill, rows: usize, cols: usize) -> Vec<f32> {
+    match f {
+        Fill::Seeded(seed) => {
+            let mut m = seeded_matrix(seed, rows, cols);
+            if rows >= 3 {
+                m[cols..2 * cols].fill(0.0);
+                for (i, v) in m[2 * cols..3 * cols].iter_mut().enumerate() {
+                    *v = f32::from_bits(1 + (i as u32 % 0x007F_FFFF))
+                        * if i % 2 == 0 { 1.0 } else { -1.0 };
+                }
+            }
+            m
+        }
+        Fill::Extremes => (0..rows * cols)
+            .map(|i| {
+                let (r, c) = (i / cols, i % cols);
+                let alt = if c % 2 == 0 { 1.0 } else { -1.0 };
+                match r % 4 {
+                    0 => 1.0,
+                    1 => -1.0,
+                    2 => alt,
+                    _ => -alt,
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Run every gate shape on `backend`, with B both as packed weights and as a per-call activation, and
+/// require the accumulators to equal the scalar reference bit for bit.
+pub fn exact_gates(backend: &dyn Backend) -> Result<(), Error> {
+    for gate in &GATES {
+        let qa = quantize_rows(&fill(gate.a, gate.t, gate.k), gate.t, gate.k)?;
+        let qb = quant::quantize(Operand::B, &fill(gate.b, gate.n, gate.k), gate.n, gate.k)?;
+        let packed = PackedWeights::from_quantized(&qb);
+        let mut expected = vec![0i32; gate.t * gate.n];
+        reference_i32(&qa, Rhs::Activation(&qb), &mut expected)?;
+        for rhs in [Rhs::Weights(&packed), Rhs::Activation(&qb)] {
+            let mut got = vec![0i32; gate.t * gate.n];
+            backend.gemm_i32(&qa, rhs, &mut got)?;
+            if let Some(cell) = got.iter().zip(&expected).position(|(g, e)| g != e) {
+                return Err(Error::GateMismatch {
+                    backend: backend.name(),
+                    gate: gate.name,
+                    row: cell / gate.n,
+                    col: cell % gate.n,
+                    got: got[cell],
+                    expected: expected[cell],
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SHA-256 over the little-endian bytes of a seeded GEMM's output at [`PROBE_SHAPE`], through the
+/// full contract (quantize, integer GEMM, audit, dequantize). Equal on every correct device.
+pub fn probe(backend: &dyn Backend, seed: u64) -> Result<[u8; 32], Error> {
+    let (t, k, n) = PROBE_SHAPE;
+    let a = seeded_matrix(seed, t, k);
+    let b = PackedWeights::new(&seeded_matrix(seed ^ 0xB0B0_B0B0_B0B0_B0B0, n, k), n, k)?;
+    let c = gemm(backend, &a, t, &b)?;
+    let mut hasher = Sha256::new();
+    for v in &c {
+        hasher.update(v.to_le_bytes());
+    }
+    Ok(hasher.finalize().into())
+}
+
+/// The rate of `backend` in GOP/s (2 operations per multiply-add) on a prefill-sized GEMM
+/// (t = 64, k = n = 576) through the full contract, timed for about 100 ms.
+pub fn measure_rate(backend: &dyn Backend) -> Result<f64, Error> {
+    let (t, k, n) = (64, 576, 576);
+    let a = seeded_matrix(0xA, t, k);
+    let b = PackedWeights::new(&seeded_matrix(0xB, n, k), n, k)?;
+    gemm(backend, &a, t, &b)?; // warm up
+    let start = Instant::now();
+    let mut runs = 0u32;
+    while runs < 3 || start.elapsed() < Duration::from_millis(100) {
+        std::hint::black_box(gemm(backend, std::hint::black_box(&a), t, &b)?);
+        runs += 1;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    Ok(2.0 * (t * n * k) as f64 * f64::from(runs) / secs / 1e9)
+}

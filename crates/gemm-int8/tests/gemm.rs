@@ -1,0 +1,522 @@
+//! Integration tests of the verified INT8 GEMM: every kernel against the scalar reference on a shape
+//! table, the reference against an independent f64 formula, refusals, and the mutation cases (a
+//! leftover-loop off-by-one and a saturating kernel) that the gates and the audit must catch.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use daisy_gemm_int8::{
+    Backend, CpuBackend, Error, Isa, MAX_K, Operand, PackedWeights, Quantized, Rhs, audit,
+    check_shapes, dequantize, exact_gates, gemm, gemm_act, measure_rate, probe, quantize_rows,
+    reference_i32,
+};
+
+/// The test's own generator (xorshift64*), independent of the crate's seeded stream.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// `rows × k` values with per-row magnitudes spread over 10⁻⁶…10⁶; row 1 all zero and row 2
+/// subnormal when there are at least 3 rows.
+fn matrix(seed: u64, rows: usize, k: usize) -> Vec<f32> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut m = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        let mag = 10f32.powi((r % 13) as i32 - 6);
+        for _ in 0..k {
+            m.push(rng.unit() * mag);
+        }
+    }
+    if rows >= 3 {
+        m[k..2 * k].fill(0.0);
+        for (i, v) in m[2 * k..3 * k].iter_mut().enumerate() {
+            *v = f32::from_bits((rng.next() as u32) & 0x007F_FFFF)
+                * if i % 3 == 0 { -1.0 } else { 1.0 };
+        }
+    }
+    m
+}
+
+fn backends() -> Vec<CpuBackend> {
+    let isas = Isa::supported();
+    if std::env::var_os("CI").is_none() {
+        eprintln!("instruction sets under test: {isas:?}");
+    }
+    isas.into_iter()
+        .map(|isa| CpuBackend::with_isa(isa).expect("supported"))
+        .collect()
+}
+
+fn first_diff(got: &[i32], want: &[i32]) -> Option<(usize, i32, i32)> {
+    got.iter()
+        .zip(want)
+        .position(|(g, w)| g != w)
+        .map(|i| (i, got[i], want[i]))
+}
+
+const KS: [usize; 9] = [1, 3, 63, 64, 65, 576, 1536, 4864, 131_071];
+const TS: [usize; 5] = [1, 2, 17, 64, 67];
+
+#[test]
+fn every_kernel_equals_the_reference_on_the_shape_table() {
+    let backends = backends();
+    let mut cases = 0;
+    for &k in &KS {
+        let ns: [usize; 2] = if k > 10_000 { [3, 4] } else { [37, 34] };
+        for &t in &TS {
+            for n in ns {
+                let seed = (k * 1000 + t * 10 + n) as u64;
+                let a = matrix(seed, t, k);
+                let w = matrix(seed ^ 0xFFFF, n, k);
+                let qa = quantize_rows(&a, t, k).unwrap();
+                let packed = PackedWeights::new(&w, n, k).unwrap();
+                let qb = packed.to_quantized();
+                let mut want = vec![0; t * n];
+                reference_i32(&qa, Rhs::Activation(&qb), &mut want).unwrap();
+                let want_c = dequantize(&want, qa.scales(), qb.scales()).unwrap();
+                for be in &backends {
+                    for rhs in [Rhs::Weights(&packed), Rhs::Activation(&qb)] {
+                        let mut got = vec![0; t * n];
+                        be.gemm_i32(&qa, rhs, &mut got).unwrap();
+                        assert_eq!(
+                            first_diff(&got, &want),
+                            None,
+                            "{} t={t} k={k} n={n} {rhs:?}: (cell, got, want)",
+                            be.name()
+                        );
+                    }
+                    let c = gemm(be, &a, t, &packed).unwrap();
+                    let c_act = gemm_act(be, &a, t, &w, n, k).unwrap();
+                    for (x, y) in [(&c, &want_c), (&c_act, &want_c)] {
+                        assert!(
+                            x.iter()
+                                .map(|v| v.to_bits())
+                                .eq(y.iter().map(|v| v.to_bits())),
+                            "{} t={t} k={k} n={n}",
+                            be.name()
+                        );
+                    }
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(cases, KS.len() * TS.len() * 2 * backends.len());
+}
+
+/// ±1.0 quantizes to ±127; every row and column pattern at K = 131071 reaches |acc| = 127² · 131071.
+#[test]
+fn extremes_at_the_largest_k_do_not_overflow() {
+    let k = MAX_K;
+    let pattern = |r: usize, c: usize| -> f32 {
+        let alt = if c % 2 == 0 { 1.0 } else { -1.0 };
+        [1.0, -1.0, alt, -alt][r % 4]
+    };
+    for &t in &TS {
+        let n = 5;
+        let a: Vec<f32> = (0..t * k).map(|i| pattern(i / k, i % k)).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| pattern(i / k + 1, i % k)).collect();
+        let qa = quantize_rows(&a, t, k).unwrap();
+        assert!(qa.q().iter().all(|v| v.abs() == 127));
+        let packed = PackedWeights::new(&w, n, k).unwrap();
+        // Independent: the exact sum in i64.
+        let want: Vec<i32> = (0..t * n)
+            .map(|cell| {
+                let (r, c) = (cell / n, cell % n);
+                let s: i64 = (0..k)
+                    .map(|j| (127.0 * pattern(r, j)) as i64 * (127.0 * pattern(c + 1, j)) as i64)
+                    .sum();
+                i32::try_from(s).expect("fits i32 by the contract")
+            })
+            .collect();
+        assert!(want.iter().any(|&v| v == 127 * 127 * MAX_K as i32));
+        assert!(want.iter().any(|&v| v == -127 * 127 * MAX_K as i32));
+        let mut reference = vec![0; t * n];
+        reference_i32(&qa, Rhs::Weights(&packed), &mut reference).unwrap();
+        assert_eq!(reference, want, "reference t={t}");
+        for be in backends() {
+            let mut got = vec![0; t * n];
+            be.gemm_i32(&qa, Rhs::Weights(&packed), &mut got).unwrap();
+            assert_eq!(first_diff(&got, &want), None, "{} t={t}", be.name());
+        }
+    }
+}
+
+#[test]
+fn k_beyond_the_exact_range_is_refused() {
+    let k = MAX_K + 1;
+    let a = vec![1.0f32; k];
+    assert_eq!(quantize_rows(&a, 1, k), Err(Error::KTooLarge { k }));
+    assert!(matches!(
+        PackedWeights::new(&a, 1, k),
+        Err(Error::KTooLarge { k: 131_072 })
+    ));
+    let be = CpuBackend::new();
+    assert_eq!(gemm_act(&be, &a, 1, &a, 1, k), Err(Error::KTooLarge { k }));
+    assert!(matches!(
+        Quantized::from_parts(1, k, vec![1; k], vec![1.0]),
+        Err(Error::KTooLarge { .. })
+    ));
+}
+
+#[test]
+fn non_finite_values_are_refused_naming_operand_row_and_column() {
+    let (t, n, k) = (3, 4, 5);
+    let be = CpuBackend::new();
+    let packed = PackedWeights::new(&matrix(1, n, k), n, k).unwrap();
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut a = matrix(2, t, k);
+        a[k + 3] = bad;
+        let err = gemm(&be, &a, t, &packed).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NonFinite {
+                    operand: Operand::A,
+                    row: 1,
+                    col: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("operand a") && err.to_string().contains("row 1, column 3"),
+            "{err}"
+        );
+
+        let mut w = matrix(3, n, k);
+        w[3 * k] = bad;
+        let err = PackedWeights::new(&w, n, k).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NonFinite {
+                    operand: Operand::B,
+                    row: 3,
+                    col: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = gemm_act(&be, &matrix(2, t, k), t, &w, n, k).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NonFinite {
+                    operand: Operand::B,
+                    row: 3,
+                    col: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn shapes_and_quantized_parts_are_checked() {
+    let be = CpuBackend::new();
+    let packed = PackedWeights::new(&matrix(1, 4, 8), 4, 8).unwrap();
+    assert!(matches!(
+        gemm(&be, &[0.5; 15], 2, &packed),
+        Err(Error::Shape {
+            got: 15,
+            expected: 16,
+            ..
+        })
+    ));
+    let qa = quantize_rows(&[0.5; 16], 2, 8).unwrap();
+    let mut short = vec![0; 7];
+    assert!(matches!(
+        be.gemm_i32(&qa, Rhs::Weights(&packed), &mut short),
+        Err(Error::Shape {
+            got: 7,
+            expected: 8,
+            ..
+        })
+    ));
+    let q9 = quantize_rows(&[0.5; 9], 1, 9).unwrap();
+    assert!(matches!(
+        check_shapes(&q9, Rhs::Weights(&packed), &[0; 4]),
+        Err(Error::Shape {
+            got: 8,
+            expected: 9,
+            ..
+        })
+    ));
+    assert!(matches!(
+        Quantized::from_parts(1, 2, vec![-128, 0], vec![1.0]),
+        Err(Error::OutOfRange { value: -128, .. })
+    ));
+    assert!(matches!(
+        Quantized::from_parts(1, 2, vec![1, 0], vec![f32::NAN]),
+        Err(Error::BadScale { row: 0, .. })
+    ));
+    assert!(matches!(
+        Quantized::from_parts(1, 2, vec![1], vec![1.0]),
+        Err(Error::Shape { .. })
+    ));
+}
+
+/// The contract written independently in f64: each f32 operation is done exactly in f64 and rounded
+/// once to f32, which is the correctly rounded f32 result (53 ≥ 2·24 + 2).
+fn independent(a: &[f32], t: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let quant = |x: &[f32]| -> (Vec<i64>, f64) {
+        let m = x.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max);
+        if m < f64::from(f32::MIN_POSITIVE) {
+            return (vec![0; x.len()], 0.0);
+        }
+        let scale = (m / 127.0) as f32;
+        let inv = (127.0 / m) as f32;
+        let q = x
+            .iter()
+            .map(|&v| {
+                let prod = (f64::from(v) * f64::from(inv)) as f32;
+                f64::from(prod).round_ties_even().clamp(-127.0, 127.0) as i64
+            })
+            .collect();
+        (q, f64::from(scale))
+    };
+    let rows_a: Vec<_> = a.chunks(k).map(quant).collect();
+    let rows_b: Vec<_> = w.chunks(k).map(quant).collect();
+    let mut c = Vec::with_capacity(t * n);
+    for (qa, sa) in &rows_a {
+        for (qb, sb) in &rows_b {
+            let acc: i64 = qa.iter().zip(qb).map(|(x, y)| x * y).sum();
+            let acc32 = acc as f64 as f32;
+            let first = (f64::from(acc32) * sa) as f32;
+            c.push((f64::from(first) * sb) as f32);
+        }
+    }
+    c
+}
+
+#[test]
+fn reference_matches_an_independent_formula() {
+    let scalar = CpuBackend::with_isa(Isa::Scalar).unwrap();
+    for (t, n, k, seed) in [
+        (1, 1, 1, 1),
+        (3, 5, 7, 2),
+        (4, 3, 64, 3),
+        (5, 6, 130, 4),
+        (2, 17, 577, 5),
+    ] {
+        let a = matrix(seed, t, k);
+        let w = matrix(seed + 100, n, k);
+        let want = independent(&a, t, &w, n, k);
+        let got = gemm(&scalar, &a, t, &PackedWeights::new(&w, n, k).unwrap()).unwrap();
+        assert!(
+            got.iter()
+                .map(|v| v.to_bits())
+                .eq(want.iter().map(|v| v.to_bits())),
+            "t={t} n={n} k={k}"
+        );
+        let mut acc = vec![0; t * n];
+        let qa = quantize_rows(&a, t, k).unwrap();
+        let qb = quantize_rows(&w, n, k).unwrap();
+        reference_i32(&qa, Rhs::Activation(&qb), &mut acc).unwrap();
+        for (i, &v) in acc.iter().enumerate() {
+            let (r, c) = (i / n, i % n);
+            let s: i64 = (0..k)
+                .map(|j| i64::from(qa.row(r)[j]) * i64::from(qb.row(c)[j]))
+                .sum();
+            assert_eq!(i64::from(v), s);
+        }
+    }
+    // Ties round to even: 0.5·127 / 127 · … — a row whose max is 127 maps k ↦ k exactly, and x.5 ties.
+    let row = [127.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -126.5];
+    let q = quantize_rows(&row, 1, row.len()).unwrap();
+    assert_eq!(q.q(), &[127, 0, 2, 2, 0, -2, -126]);
+    assert_eq!(q.scales(), &[1.0]);
+    // Zero and subnormal rows quantize to zeros with scale 0.
+    let q = quantize_rows(
+        &[0.0, -0.0, f32::from_bits(1), -f32::from_bits(0x007F_FFFF)],
+        2,
+        2,
+    )
+    .unwrap();
+    assert_eq!(q.q(), &[0, 0, 0, 0]);
+    assert_eq!(q.scales(), &[0.0, 0.0]);
+}
+
+/// A kernel written the obvious way in groups of 4, with one of two classic faults; until `armed`
+/// it defers to the real backend, so it can pass the gates and go bad afterwards.
+struct Mutant {
+    fault: Fault,
+    armed: AtomicBool,
+    good: CpuBackend,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// The leftover loop stops one short: `kmain..k - 1`.
+    LeftoverOffByOne,
+    /// `vpmaddubsw` fed A + 128: pair sums saturate at i16.
+    Saturating,
+}
+
+impl Mutant {
+    fn new(fault: Fault, armed: bool) -> Self {
+        Self {
+            fault,
+            armed: AtomicBool::new(armed),
+            good: CpuBackend::new(),
+        }
+    }
+
+    fn cell(&self, qa: &[i8], qb: &[i8]) -> i32 {
+        let k = qa.len();
+        let kmain = k - k % 4;
+        match self.fault {
+            Fault::LeftoverOffByOne => {
+                let mut acc: i32 = (0..kmain)
+                    .map(|j| i32::from(qa[j]) * i32::from(qb[j]))
+                    .sum();
+                for j in kmain..k.saturating_sub(1).max(kmain) {
+                    acc += i32::from(qa[j]) * i32::from(qb[j]);
+                }
+                acc
+            }
+            Fault::Saturating => {
+                let mut acc = 0i32;
+                let mut sum_b = 0i32;
+                for j in (0..kmain).step_by(2) {
+                    let p = |i: usize| (i32::from(qa[i]) + 128) * i32::from(qb[i]);
+                    acc = acc.wrapping_add((p(j) + p(j + 1)).clamp(-32768, 32767));
+                    sum_b += i32::from(qb[j]) + i32::from(qb[j + 1]);
+                }
+                acc = acc.wrapping_sub(128 * sum_b);
+                for j in kmain..k {
+                    acc += i32::from(qa[j]) * i32::from(qb[j]);
+                }
+                acc
+            }
+        }
+    }
+}
+
+impl Backend for Mutant {
+    fn name(&self) -> String {
+        format!("mutant-{:?}", self.fault)
+    }
+
+    fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
+        if !self.armed.load(Ordering::Relaxed) {
+            return self.good.gemm_i32(a, b, out);
+        }
+        check_shapes(a, b, out)?;
+        let mut qb = vec![0i8; b.k()];
+        for col in 0..b.n() {
+            b.write_row(col, &mut qb);
+            for r in 0..a.rows() {
+                out[r * b.n() + col] = self.cell(a.row(r), &qb);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn every_kernel_passes_the_gates() {
+    for be in backends() {
+        exact_gates(&be).unwrap_or_else(|e| panic!("{}: {e}", be.name()));
+    }
+}
+
+#[test]
+fn the_gates_catch_both_mutants() {
+    for fault in [Fault::LeftoverOffByOne, Fault::Saturating] {
+        let err = exact_gates(&Mutant::new(fault, true)).unwrap_err();
+        assert!(
+            matches!(err, Error::GateMismatch { .. }),
+            "{fault:?}: {err}"
+        );
+        // Disarmed, the same wrapper passes: the gates judge the kernel, not the wrapper.
+        exact_gates(&Mutant::new(fault, false)).unwrap();
+    }
+}
+
+#[test]
+fn the_audit_catches_both_mutants_injected_after_the_gates() {
+    let (t, n, k) = (3, 40, 579);
+    // Live-looking data: unit-scale activations and weights.
+    let mut rng = Rng(77);
+    let a: Vec<f32> = (0..t * k).map(|_| rng.unit()).collect();
+    let w: Vec<f32> = (0..n * k).map(|_| rng.unit() * 0.05).collect();
+    let packed = PackedWeights::new(&w, n, k).unwrap();
+    for fault in [Fault::LeftoverOffByOne, Fault::Saturating] {
+        let mutant = Mutant::new(fault, false);
+        exact_gates(&mutant).unwrap();
+        let clean = gemm(&mutant, &a, t, &packed).unwrap();
+        mutant.armed.store(true, Ordering::Relaxed);
+        let err = gemm(&mutant, &a, t, &packed).unwrap_err();
+        assert!(
+            matches!(err, Error::AuditMismatch { .. }),
+            "{fault:?}: {err}"
+        );
+        let err = gemm_act(&mutant, &a, t, &w, n, k).unwrap_err();
+        assert!(
+            matches!(err, Error::AuditMismatch { .. }),
+            "{fault:?}: {err}"
+        );
+        assert_eq!(clean.len(), t * n);
+    }
+}
+
+#[test]
+fn audit_passes_correct_accumulators_and_names_a_wrong_cell() {
+    let (t, n, k) = (2, 3, 10);
+    let qa = quantize_rows(&matrix(5, t, k), t, k).unwrap();
+    let qb = quantize_rows(&matrix(6, n, k), n, k).unwrap();
+    let mut acc = vec![0; t * n];
+    reference_i32(&qa, Rhs::Activation(&qb), &mut acc).unwrap();
+    audit("cpu", &qa, Rhs::Activation(&qb), &acc, 1, 64).unwrap();
+    acc[4] = acc[4].wrapping_add(1);
+    let err = audit("cpu", &qa, Rhs::Activation(&qb), &acc, 1, 64).unwrap_err();
+    assert!(
+        matches!(err, Error::AuditMismatch { row: 1, col: 1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn probe_agrees_across_kernels_and_depends_on_the_seed() {
+    let hashes: Vec<[u8; 32]> = backends().iter().map(|be| probe(be, 42).unwrap()).collect();
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]));
+    assert_ne!(probe(&CpuBackend::new(), 43).unwrap(), hashes[0]);
+    assert!(probe(&Mutant::new(Fault::Saturating, true), 42).is_err());
+}
+
+#[test]
+fn packed_weights_round_trip_to_row_major() {
+    for (n, k) in [(1, 1), (17, 3), (33, 130), (16, 64)] {
+        let w = matrix(9, n, k);
+        let packed = PackedWeights::new(&w, n, k).unwrap();
+        assert_eq!(packed.to_quantized(), quantize_rows(&w, n, k).unwrap());
+        assert_eq!((packed.n(), packed.k()), (n, k));
+        assert!(packed.bytes() >= n * k);
+    }
+    let a = PackedWeights::new(&[1.0], 1, 1).unwrap();
+    let b = PackedWeights::new(&[1.0], 1, 1).unwrap();
+    assert_ne!(a.id(), b.id());
+}
+
+#[test]
+fn measured_rate_is_positive() {
+    let rate = measure_rate(&CpuBackend::new()).unwrap();
+    assert!(rate.is_finite() && rate > 0.0, "{rate}");
+}
