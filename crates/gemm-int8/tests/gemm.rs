@@ -120,7 +120,7 @@ fn every_kernel_equals_the_reference_on_the_shape_table() {
 fn extremes_at_the_largest_k_do_not_overflow() {
     let k = MAX_K;
     let pattern = |r: usize, c: usize| -> f32 {
-        let alt = if c % 2 == 0 { 1.0 } else { -1.0 };
+        let alt = if c.is_multiple_of(2) { 1.0 } else { -1.0 };
         [1.0, -1.0, alt, -alt][r % 4]
     };
     for &t in &TS {
