@@ -1,1 +1,29 @@
 //! Llama-family and GPT-2 stages: a slice of a model's layers, with the embedding and lm_head on the head.
+//!
+//! The math follows Hugging Face `transformers` (`modeling_llama.py`, `modeling_qwen2.py`,
+//! `modeling_mistral.py`, `modeling_gpt2.py`); where it differs (fused products, attention as GEMMs
+//! over every key present) the module says why. Every matrix product goes through [`Precision`]:
+//! the f32 reference or the verified int8 GEMM. Everything else is f32 in one fixed order with
+//! `libm` transcendentals (DESIGN.md §3.8). `model` knows nothing about the network: the rest of the
+//! ring is a callback ([`Pass`]).
+
+mod attention;
+mod block;
+mod checkpoint;
+mod config;
+mod error;
+mod gemm;
+mod generate;
+mod ops;
+mod sample;
+mod source;
+mod stage;
+
+pub use block::StageCache;
+pub use config::{Activation, Config, Family};
+pub use error::{Error, Result};
+pub use gemm::Precision;
+pub use generate::{GenerateOptions, Generation, Pass, Path, Scored, alone, generate, score};
+pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
+pub use source::{RawDType, Source};
+pub use stage::Stage;

@@ -1,0 +1,13 @@
+//! The conformance binary: one integration test target, data-driven over the fixture models.
+//!
+//! - `tokenizer`: `daisy-tokenizer` against Hugging Face `tokenizers`.
+//! - `f32_goldens`: the f32 reference against the `transformers` goldens of every tiny model.
+//! - `splits`: any split gives the same ids and bit-identical hidden states at every hop.
+//! - `mutations`: a stage that drops a layer, stages out of order and a stage from another model
+//!   must each fail.
+
+mod common;
+mod f32_goldens;
+mod mutations;
+mod splits;
+mod tokenizer;

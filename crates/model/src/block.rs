@@ -1,0 +1,329 @@
+//! One transformer layer of either family, loaded from the checkpoint's own tensor names.
+//!
+//! Llama follows `transformers`' `modeling_llama.py` (and `modeling_qwen2.py` / `modeling_mistral.py`
+//! for the QKV bias and sliding windows); GPT-2 follows `modeling_gpt2.py`. Both differ from the
+//! reference in one way: Q, K and V (and Llama's gate and up) are one fused product. A product's cells
+//! depend only on their own input row and weight row (f32 dot, or int8 with one scale per activation
+//! row and one per weight row), so fusing changes no bit.
+
+use crate::attention::{Heads, LayerCache, attention};
+use crate::config::{Activation, Config, Family};
+use crate::gemm::{Linear, Precision};
+use crate::ops::{first_non_finite, gelu_erf, gelu_new, layer_norm, rms_norm, silu};
+use crate::source::{Source, read_shaped};
+use crate::{Error, Result};
+
+pub(crate) enum Block {
+    Llama(LlamaBlock),
+    Gpt2(Gpt2Block),
+}
+
+pub(crate) struct LlamaBlock {
+    index: usize,
+    input_norm: Vec<f32>,
+    qkv: Linear,
+    o: Linear,
+    post_norm: Vec<f32>,
+    gate_up: Linear,
+    down: Linear,
+}
+
+pub(crate) struct Gpt2Block {
+    index: usize,
+    ln1: (Vec<f32>, Vec<f32>),
+    c_attn: Linear,
+    c_proj: Linear,
+    ln2: (Vec<f32>, Vec<f32>),
+    fc: Linear,
+    proj: Linear,
+}
+
+/// Transpose a `rows×cols` matrix (GPT-2's Conv1D stores `[in, out]`).
+fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = w[r * cols + c];
+        }
+    }
+    out
+}
+
+impl Block {
+    pub(crate) fn load(
+        src: &dyn Source,
+        cfg: &Config,
+        i: usize,
+        precision: Precision,
+    ) -> Result<Self> {
+        match cfg.family {
+            Family::Llama => LlamaBlock::load(src, cfg, i, precision).map(Block::Llama),
+            Family::Gpt2 => Gpt2Block::load(src, cfg, i, precision).map(Block::Gpt2),
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Block::Llama(b) => {
+                (b.input_norm.len() + b.post_norm.len()) * 4
+                    + b.qkv.bytes()
+                    + b.o.bytes()
+                    + b.gate_up.bytes()
+                    + b.down.bytes()
+            }
+            Block::Gpt2(b) => {
+                (b.ln1.0.len() * 4) * 4
+                    + b.c_attn.bytes()
+                    + b.c_proj.bytes()
+                    + b.fc.bytes()
+                    + b.proj.bytes()
+            }
+        }
+    }
+
+    /// Run the layer over `t` rows at positions `pos0..`, in place.
+    pub(crate) fn forward(
+        &self,
+        cfg: &Config,
+        precision: Precision,
+        inv_freq: &[f32],
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<()> {
+        let index = match self {
+            Block::Llama(b) => {
+                b.forward(cfg, precision, inv_freq, x, t, pos0, cache)?;
+                b.index
+            }
+            Block::Gpt2(b) => {
+                b.forward(cfg, precision, x, t, pos0, cache)?;
+                b.index
+            }
+        };
+        if let Some(value) = first_non_finite(x) {
+            return Err(Error::NonFinite {
+                place: format!("layer {index}"),
+                value,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn act_fn(a: Activation) -> fn(f32) -> f32 {
+    match a {
+        Activation::GeluNew => gelu_new,
+        Activation::Gelu => gelu_erf,
+        Activation::Silu => silu,
+    }
+}
+
+fn heads(cfg: &Config, i: usize) -> Heads {
+    Heads {
+        num_heads: cfg.num_heads,
+        num_kv_heads: cfg.num_kv_heads,
+        head_dim: cfg.head_dim,
+        window: cfg.sliding_window[i],
+    }
+}
+
+impl LlamaBlock {
+    fn load(src: &dyn Source, cfg: &Config, i: usize, precision: Precision) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        let h = cfg.hidden_size;
+        let qd = cfg.num_heads * cfg.head_dim;
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
+        let inter = cfg.intermediate_size;
+        let input_norm = read_shaped(src, &format!("{p}.input_layernorm.weight"), &[h])?;
+        let mut qkv = read_shaped(src, &format!("{p}.self_attn.q_proj.weight"), &[qd, h])?;
+        qkv.extend(read_shaped(
+            src,
+            &format!("{p}.self_attn.k_proj.weight"),
+            &[kvd, h],
+        )?);
+        qkv.extend(read_shaped(
+            src,
+            &format!("{p}.self_attn.v_proj.weight"),
+            &[kvd, h],
+        )?);
+        let bias = if cfg.qkv_bias {
+            let mut b = read_shaped(src, &format!("{p}.self_attn.q_proj.bias"), &[qd])?;
+            b.extend(read_shaped(
+                src,
+                &format!("{p}.self_attn.k_proj.bias"),
+                &[kvd],
+            )?);
+            b.extend(read_shaped(
+                src,
+                &format!("{p}.self_attn.v_proj.bias"),
+                &[kvd],
+            )?);
+            Some(b)
+        } else {
+            None
+        };
+        let qkv = Linear::new(precision, qkv, qd + 2 * kvd, h, bias)?;
+        let o = read_shaped(src, &format!("{p}.self_attn.o_proj.weight"), &[h, qd])?;
+        let o = Linear::new(precision, o, h, qd, None)?;
+        let post_norm = read_shaped(src, &format!("{p}.post_attention_layernorm.weight"), &[h])?;
+        let mut gate_up = read_shaped(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
+        gate_up.extend(read_shaped(
+            src,
+            &format!("{p}.mlp.up_proj.weight"),
+            &[inter, h],
+        )?);
+        let gate_up = Linear::new(precision, gate_up, 2 * inter, h, None)?;
+        let down = read_shaped(src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
+        let down = Linear::new(precision, down, h, inter, None)?;
+        Ok(Self {
+            index: i,
+            input_norm,
+            qkv,
+            o,
+            post_norm,
+            gate_up,
+            down,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        cfg: &Config,
+        precision: Precision,
+        inv_freq: &[f32],
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<()> {
+        let i = self.index;
+        let h = cfg.hidden_size;
+        let qd = cfg.num_heads * cfg.head_dim;
+        let kvd = cfg.num_kv_heads * cfg.head_dim;
+        let mut hs = x.to_vec();
+        rms_norm(&mut hs, h, &self.input_norm, cfg.norm_eps);
+        let qkv = self
+            .qkv
+            .forward(&hs, t, &|| format!("layer {i} q/k/v projection"))?;
+        let mut q = Vec::with_capacity(t * qd);
+        let mut k = Vec::with_capacity(t * kvd);
+        let mut v = Vec::with_capacity(t * kvd);
+        for row in qkv.chunks_exact(qd + 2 * kvd) {
+            q.extend_from_slice(&row[..qd]);
+            k.extend_from_slice(&row[qd..qd + kvd]);
+            v.extend_from_slice(&row[qd + kvd..]);
+        }
+        crate::ops::apply_rope(&mut q, qd, cfg.head_dim, pos0, inv_freq);
+        crate::ops::apply_rope(&mut k, kvd, cfg.head_dim, pos0, inv_freq);
+        let attn = attention(precision, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        let o = self.o.forward(&attn, t, &|| {
+            format!("layer {i} attention output projection")
+        })?;
+        for (xv, ov) in x.iter_mut().zip(&o) {
+            *xv += ov;
+        }
+        let mut hs = x.to_vec();
+        rms_norm(&mut hs, h, &self.post_norm, cfg.norm_eps);
+        let gu = self
+            .gate_up
+            .forward(&hs, t, &|| format!("layer {i} gate/up projection"))?;
+        let inter = cfg.intermediate_size;
+        let f = act_fn(cfg.activation);
+        let mut act = Vec::with_capacity(t * inter);
+        for row in gu.chunks_exact(2 * inter) {
+            let (g, u) = row.split_at(inter);
+            act.extend(g.iter().zip(u).map(|(g, u)| f(*g) * u));
+        }
+        let d = self
+            .down
+            .forward(&act, t, &|| format!("layer {i} down projection"))?;
+        for (xv, dv) in x.iter_mut().zip(&d) {
+            *xv += dv;
+        }
+        Ok(())
+    }
+}
+
+impl Gpt2Block {
+    fn load(src: &dyn Source, cfg: &Config, i: usize, precision: Precision) -> Result<Self> {
+        let p = format!("h.{i}");
+        let h = cfg.hidden_size;
+        let inter = cfg.intermediate_size;
+        let norm = |name: &str| -> Result<(Vec<f32>, Vec<f32>)> {
+            Ok((
+                read_shaped(src, &format!("{p}.{name}.weight"), &[h])?,
+                read_shaped(src, &format!("{p}.{name}.bias"), &[h])?,
+            ))
+        };
+        let conv = |name: &str, inp: usize, out: usize| -> Result<Linear> {
+            let w = read_shaped(src, &format!("{p}.{name}.weight"), &[inp, out])?;
+            let b = read_shaped(src, &format!("{p}.{name}.bias"), &[out])?;
+            Linear::new(precision, transpose(&w, inp, out), out, inp, Some(b))
+        };
+        Ok(Self {
+            index: i,
+            ln1: norm("ln_1")?,
+            c_attn: conv("attn.c_attn", h, 3 * h)?,
+            c_proj: conv("attn.c_proj", h, h)?,
+            ln2: norm("ln_2")?,
+            fc: conv("mlp.c_fc", h, inter)?,
+            proj: conv("mlp.c_proj", inter, h)?,
+        })
+    }
+
+    fn forward(
+        &self,
+        cfg: &Config,
+        precision: Precision,
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        cache: Option<&mut LayerCache>,
+    ) -> Result<()> {
+        let i = self.index;
+        let h = cfg.hidden_size;
+        let mut hs = x.to_vec();
+        layer_norm(&mut hs, h, &self.ln1.0, &self.ln1.1, cfg.norm_eps);
+        let qkv = self
+            .c_attn
+            .forward(&hs, t, &|| format!("layer {i} c_attn"))?;
+        let mut q = Vec::with_capacity(t * h);
+        let mut k = Vec::with_capacity(t * h);
+        let mut v = Vec::with_capacity(t * h);
+        for row in qkv.chunks_exact(3 * h) {
+            q.extend_from_slice(&row[..h]);
+            k.extend_from_slice(&row[h..2 * h]);
+            v.extend_from_slice(&row[2 * h..]);
+        }
+        let attn = attention(precision, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        let o = self
+            .c_proj
+            .forward(&attn, t, &|| format!("layer {i} attention c_proj"))?;
+        for (xv, ov) in x.iter_mut().zip(&o) {
+            *xv += ov;
+        }
+        let mut hs = x.to_vec();
+        layer_norm(&mut hs, h, &self.ln2.0, &self.ln2.1, cfg.norm_eps);
+        let mut f = self.fc.forward(&hs, t, &|| format!("layer {i} c_fc"))?;
+        let act = act_fn(cfg.activation);
+        for v in f.iter_mut() {
+            *v = act(*v);
+        }
+        let d = self
+            .proj
+            .forward(&f, t, &|| format!("layer {i} mlp c_proj"))?;
+        for (xv, dv) in x.iter_mut().zip(&d) {
+            *xv += dv;
+        }
+        Ok(())
+    }
+}
+
+/// The per-layer caches of one stage, for the cached path.
+#[derive(Clone, Debug, Default)]
+pub struct StageCache {
+    pub(crate) layers: Vec<LayerCache>,
+}

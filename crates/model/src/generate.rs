@@ -1,0 +1,239 @@
+//! Driving a turn from the head: the full-window and cached paths (DESIGN.md §3 "Paths"), greedy or
+//! seeded decoding, and scoring. The rest of the ring is a callback, so this module knows nothing
+//! about how a hidden state reaches the other stages.
+
+use crate::block::StageCache;
+use crate::sample::{Sampling, argmax, pick, prefill_chunks, top2_margin};
+use crate::stage::Stage;
+use crate::{Error, Result};
+
+/// Which forward path a turn takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// Every token re-runs the whole window; no KV cache.
+    FullWindow,
+    /// Chunked prefill (by prompt length only), per-stage KV, then one token per pass.
+    Cached,
+}
+
+impl Path {
+    /// `auto`, `full-window` or `cached`; `auto` is cached when the prompt is longer than 32 tokens
+    /// and there is more than one stage.
+    pub fn resolve(choice: &str, prompt_len: usize, num_stages: usize) -> Result<Self> {
+        match choice {
+            "full-window" => Ok(Self::FullWindow),
+            "cached" => Ok(Self::Cached),
+            "auto" if prompt_len > 32 && num_stages > 1 => Ok(Self::Cached),
+            "auto" => Ok(Self::FullWindow),
+            other => Err(Error::Invalid(format!(
+                "path `{other}`, expected auto, full-window or cached"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::FullWindow => "full-window",
+            Self::Cached => "cached",
+        }
+    }
+}
+
+/// One pass handed to the rest of the ring: the head's output for `rows` rows at `pos0..`.
+#[derive(Debug)]
+pub struct Pass {
+    pub hidden: Vec<f32>,
+    pub rows: usize,
+    pub pos0: usize,
+    /// On the cached path each stage continues its own KV cache; `pos0 == 0` starts a new one.
+    pub cached: bool,
+    /// Index of this lap within the turn (0 is the first).
+    pub lap: usize,
+}
+
+/// What a turn needs besides the prompt.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub eos_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub sampling: Sampling,
+    pub path: Path,
+}
+
+/// A finished turn.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// Generated ids only (an end-of-sequence id that stopped the turn included).
+    pub ids: Vec<u32>,
+    /// Laps run.
+    pub laps: usize,
+    /// Top-1/top-2 logit margin at each generated step.
+    pub margins: Vec<f32>,
+    /// The logits of the first generated step.
+    pub first_logits: Vec<f32>,
+}
+
+/// Run one turn from the head. `lap` carries each pass through the other stages and back.
+pub fn generate<E: From<Error>>(
+    head: &Stage,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
+) -> Result<Generation, E> {
+    if prompt.is_empty() {
+        return Err(Error::Invalid("the prompt has no tokens".to_string()).into());
+    }
+    let h = head.config().hidden_size;
+    let mut ids = prompt.to_vec();
+    let mut out = Generation {
+        ids: Vec::new(),
+        laps: 0,
+        margins: Vec::new(),
+        first_logits: Vec::new(),
+    };
+    let mut cache: Option<StageCache> = None;
+    // (pos0, rows) of the next pass; on the full-window path pos0 is always 0.
+    let mut pending: Vec<(usize, usize)> = match opts.path {
+        Path::FullWindow => vec![(0, ids.len())],
+        Path::Cached => {
+            cache = Some(head.new_cache());
+            let mut pos = 0;
+            prefill_chunks(ids.len())
+                .into_iter()
+                .map(|c| {
+                    pos += c;
+                    (pos - c, c)
+                })
+                .collect()
+        }
+    };
+    while out.ids.len() < opts.max_new_tokens {
+        let mut last = Vec::new();
+        for (pos0, rows) in pending.drain(..) {
+            let mut x = head.embed(&ids[pos0..pos0 + rows], pos0)?;
+            head.forward(&mut x, rows, pos0, cache.as_mut())?;
+            let back = lap(Pass {
+                hidden: x,
+                rows,
+                pos0,
+                cached: cache.is_some(),
+                lap: out.laps,
+            })?;
+            out.laps += 1;
+            if back.len() != rows * h {
+                return Err(Error::Activation {
+                    got: back.len() / rows.max(1),
+                    pos: pos0,
+                    expected: h,
+                    want_pos: pos0,
+                }
+                .into());
+            }
+            last = back[(rows - 1) * h..].to_vec();
+        }
+        let logits = head.logits(&last, 1)?;
+        let next = pick(&logits, opts.sampling, ids.len());
+        out.margins.push(top2_margin(&logits));
+        if out.first_logits.is_empty() {
+            out.first_logits = logits;
+        }
+        ids.push(next);
+        out.ids.push(next);
+        if !opts.ignore_eos && opts.eos_token_ids.contains(&next) {
+            break;
+        }
+        pending.push(match opts.path {
+            Path::FullWindow => (0, ids.len()),
+            Path::Cached => (ids.len() - 1, 1),
+        });
+    }
+    Ok(out)
+}
+
+/// A teacher-forced pass over given ids.
+#[derive(Clone, Debug)]
+pub struct Scored {
+    /// `argmax[j]`: the top next-token id after position j (length n).
+    pub argmax: Vec<u32>,
+    /// Top-1/top-2 logit margin after each position (length n).
+    pub margins: Vec<f32>,
+    /// Log-probability of each next given token (length n−1).
+    pub logprobs: Vec<f32>,
+    /// `exp(−mean(logprobs))`; NaN for fewer than two ids.
+    pub perplexity: f64,
+}
+
+/// Rows of logits computed at once while scoring (bounds memory; rows are independent).
+const SCORE_ROWS: usize = 32;
+
+/// One full-window pass over `ids`; `lap` as in [`generate`].
+pub fn score<E: From<Error>>(
+    head: &Stage,
+    ids: &[u32],
+    lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
+) -> Result<Scored, E> {
+    if ids.is_empty() {
+        return Err(Error::Invalid("nothing to score: no ids".to_string()).into());
+    }
+    let h = head.config().hidden_size;
+    let n = ids.len();
+    let mut x = head.embed(ids, 0)?;
+    head.forward(&mut x, n, 0, None)?;
+    let back = lap(Pass {
+        hidden: x,
+        rows: n,
+        pos0: 0,
+        cached: false,
+        lap: 0,
+    })?;
+    if back.len() != n * h {
+        return Err(Error::Activation {
+            got: back.len() / n,
+            pos: 0,
+            expected: h,
+            want_pos: 0,
+        }
+        .into());
+    }
+    let v = head.config().vocab_size;
+    let mut out = Scored {
+        argmax: Vec::with_capacity(n),
+        margins: Vec::with_capacity(n),
+        logprobs: Vec::new(),
+        perplexity: f64::NAN,
+    };
+    for r0 in (0..n).step_by(SCORE_ROWS) {
+        let rows = SCORE_ROWS.min(n - r0);
+        let logits = head.logits(&back[r0 * h..(r0 + rows) * h], rows)?;
+        for (i, row) in logits.chunks_exact(v).enumerate() {
+            let j = r0 + i;
+            out.argmax.push(argmax(row));
+            out.margins.push(top2_margin(row));
+            if j + 1 < n {
+                out.logprobs.push(log_softmax_at(row, ids[j + 1] as usize));
+            }
+        }
+    }
+    if !out.logprobs.is_empty() {
+        let mean = out.logprobs.iter().map(|&l| l as f64).sum::<f64>() / out.logprobs.len() as f64;
+        out.perplexity = libm::exp(-mean);
+    }
+    Ok(out)
+}
+
+/// `log softmax(row)[i]` in f32: `row[i] − max − ln Σ exp(row − max)`.
+fn log_softmax_at(row: &[f32], i: usize) -> f32 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for &l in row {
+        sum += libm::expf(l - max);
+    }
+    row.get(i)
+        .map_or(f32::NEG_INFINITY, |&l| l - max - libm::logf(sum))
+}
+
+/// The head alone: the lap returns the hidden state as it is.
+pub fn alone(pass: Pass) -> Result<Vec<f32>> {
+    Ok(pass.hidden)
+}

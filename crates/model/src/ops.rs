@@ -1,0 +1,271 @@
+//! Everything outside the GEMMs, in f32 with one fixed order of operations (DESIGN.md §3.8).
+//!
+//! Transcendental functions come from the pure-Rust `libm` crate, never the platform's, so every
+//! machine produces the same bits. `sqrt` is correctly rounded by IEEE 754, so `f32::sqrt` is used.
+
+/// Number of independent partial sums in [`dot`]. Fixed: changing it changes the bits of the f32 path.
+const LANES: usize = 16;
+
+/// `Σ a[i]·b[i]` in one fixed order: lane `j` sums the indices `≡ j (mod 16)` left to right, the
+/// lanes are combined in a fixed tree, then the leftover tail is added left to right.
+///
+/// The compiler may vectorize this but never reassociates it, so the bits do not depend on the ISA.
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for j in 0..LANES {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            acc[j] += acc[j + width];
+        }
+    }
+    let mut sum = acc[0];
+    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// `C = A·Bᵀ` in f32: A is `t×k`, B is `n×k`, C is `t×n`; every cell is one [`dot`].
+///
+/// Work is split over output channels across threads; each cell is computed the same way whatever
+/// the split, so the result does not depend on the thread count.
+pub(crate) fn matmul_f32(a: &[f32], t: usize, b: &[f32], n: usize, k: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    debug_assert_eq!(a.len(), t * k);
+    debug_assert_eq!(b.len(), n * k);
+    let mut c = vec![0f32; t * n];
+    if t == 0 || n == 0 {
+        return c;
+    }
+    const BLOCK: usize = 64;
+    let blocks: Vec<Vec<f32>> = (0..n.div_ceil(BLOCK))
+        .into_par_iter()
+        .map(|blk| {
+            let n0 = blk * BLOCK;
+            let n1 = (n0 + BLOCK).min(n);
+            let mut out = vec![0f32; t * (n1 - n0)];
+            for (j, w) in b[n0 * k..n1 * k].chunks_exact(k.max(1)).enumerate() {
+                for (r, x) in a.chunks_exact(k.max(1)).enumerate() {
+                    out[r * (n1 - n0) + j] = dot(x, w);
+                }
+            }
+            out
+        })
+        .collect();
+    for (blk, out) in blocks.iter().enumerate() {
+        let n0 = blk * BLOCK;
+        let width = out.len() / t;
+        for r in 0..t {
+            c[r * n + n0..r * n + n0 + width].copy_from_slice(&out[r * width..(r + 1) * width]);
+        }
+    }
+    c
+}
+
+/// Llama's RMSNorm over each row: `w · (x · 1/sqrt(mean(x²) + eps))`, as `transformers` orders it.
+pub(crate) fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(cols) {
+        let mut ss = 0f32;
+        for v in row.iter() {
+            ss += v * v;
+        }
+        let inv = 1.0 / (ss / cols as f32 + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = w * (*v * inv);
+        }
+    }
+}
+
+/// GPT-2's LayerNorm over each row: `(x − mean) · 1/sqrt(var + eps) · w + b`, biased variance.
+pub(crate) fn layer_norm(x: &mut [f32], cols: usize, weight: &[f32], bias: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(cols) {
+        let mut sum = 0f32;
+        for v in row.iter() {
+            sum += v;
+        }
+        let mean = sum / cols as f32;
+        let mut ss = 0f32;
+        for v in row.iter() {
+            let d = v - mean;
+            ss += d * d;
+        }
+        let inv = 1.0 / (ss / cols as f32 + eps).sqrt();
+        for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
+            *v = (*v - mean) * inv * w + b;
+        }
+    }
+}
+
+/// `transformers`' default rotary frequencies: `1 / theta^(2i/d)`, computed in f32.
+pub(crate) fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| 1.0 / libm::powf(theta, (2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
+/// Rotate each `head_dim`-wide head of each row in place, row `r` at position `pos0 + r`, with
+/// `transformers`' `rotate_half` convention: `x·cos + rotate_half(x)·sin`.
+pub(crate) fn apply_rope(
+    x: &mut [f32],
+    cols: usize,
+    head_dim: usize,
+    pos0: usize,
+    inv_freq: &[f32],
+) {
+    let half = head_dim / 2;
+    let mut cos = vec![0f32; half];
+    let mut sin = vec![0f32; half];
+    for (r, row) in x.chunks_exact_mut(cols).enumerate() {
+        let pos = (pos0 + r) as f32;
+        for i in 0..half {
+            let f = pos * inv_freq[i];
+            cos[i] = libm::cosf(f);
+            sin[i] = libm::sinf(f);
+        }
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..half {
+                let x1 = head[i];
+                let x2 = head[i + half];
+                head[i] = x1 * cos[i] - x2 * sin[i];
+                head[i + half] = x2 * cos[i] + x1 * sin[i];
+            }
+        }
+    }
+}
+
+/// SiLU: `x / (1 + exp(−x))`.
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + libm::expf(-x))
+}
+
+/// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
+#[inline]
+pub(crate) fn gelu_new(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/π) rounded to f32
+    0.5 * x * (1.0 + libm::tanhf(C * (x + 0.044715 * (x * x * x))))
+}
+
+/// Exact GELU: `0.5·x·(1 + erf(x/√2))`.
+#[inline]
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// Softmax over one row in place; `-inf` entries become exactly 0. A row with no finite entry is
+/// left all zeros (it cannot happen with a causal mask, which always keeps the diagonal).
+pub(crate) fn softmax(row: &mut [f32]) {
+    let mut max = f32::NEG_INFINITY;
+    for &v in row.iter() {
+        if v > max {
+            max = v;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return;
+    }
+    let mut sum = 0f32;
+    for v in row.iter_mut() {
+        *v = if *v == f32::NEG_INFINITY {
+            0.0
+        } else {
+            libm::expf(*v - max)
+        };
+        sum += *v;
+    }
+    for v in row.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// The first non-finite value in `x`, if any.
+pub(crate) fn first_non_finite(x: &[f32]) -> Option<f32> {
+    x.iter().copied().find(|v| !v.is_finite())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_f64_reference_closely() {
+        let a: Vec<f32> = (0..1000)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..1000)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 11.0)
+            .collect();
+        let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+        let got = dot(&a, &b) as f64;
+        assert!(
+            (got - exact).abs() < 1e-3 * exact.abs().max(1.0),
+            "{got} vs {exact}"
+        );
+    }
+
+    #[test]
+    fn matmul_cells_are_dots() {
+        let (t, n, k) = (3, 130, 19);
+        let a: Vec<f32> = (0..t * k).map(|i| (i as f32).sin()).collect();
+        let b: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.3).cos()).collect();
+        let c = matmul_f32(&a, t, &b, n, k);
+        for r in 0..t {
+            for j in 0..n {
+                assert_eq!(
+                    c[r * n + j].to_bits(),
+                    dot(&a[r * k..][..k], &b[j * k..][..k]).to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_masks_to_exact_zero() {
+        let mut row = [1.0, f32::NEG_INFINITY, 2.0];
+        softmax(&mut row);
+        assert_eq!(row[1].to_bits(), 0);
+        assert!((row[0] + row[2] - 1.0).abs() < 1e-6);
+        assert!(row[2] > row[0]);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_position_angle() {
+        // head_dim 2: one pair rotated by pos·1 (theta irrelevant for i = 0).
+        let inv = rope_inv_freq(10000.0, 2);
+        assert_eq!(inv, vec![1.0]);
+        let mut x = vec![1.0, 0.0, 1.0, 0.0];
+        apply_rope(&mut x, 2, 2, 3, &inv);
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[2] - 4f32.cos()).abs() < 1e-6 && (x[3] - 4f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn norms_normalize() {
+        let mut x = vec![1.0, 2.0, 3.0, 4.0];
+        layer_norm(&mut x, 4, &[1.0; 4], &[0.0; 4], 0.0);
+        let mean: f32 = x.iter().sum::<f32>() / 4.0;
+        assert!(mean.abs() < 1e-6);
+        let mut y = vec![3.0, 4.0];
+        rms_norm(&mut y, 2, &[1.0, 2.0], 0.0);
+        let r = (12.5f32).sqrt();
+        assert!((y[0] - 3.0 / r).abs() < 1e-6 && (y[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn activations_match_closed_forms() {
+        assert!((silu(1.0) - 1.0 / (1.0 + (-1f32).exp())).abs() < 1e-7);
+        assert!((gelu_new(1.0) - 0.841_192).abs() < 1e-5);
+        assert!((gelu_erf(1.0) - 0.841_344_7).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,144 @@
+//! Choosing the next token: greedy at temperature 0, otherwise one seeded draw per token position.
+//!
+//! The draw for position `p` depends only on `(seed, p)`, so a seed gives the same ids whatever the
+//! split, the path or the number of laps.
+
+/// How the next token is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sampling {
+    /// 0 is greedy.
+    pub temperature: f32,
+    pub seed: u64,
+}
+
+/// The lowest id among the largest logits.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The difference between the largest and second-largest logits (0 for fewer than two).
+pub fn top2_margin(logits: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in logits {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    if b == f32::NEG_INFINITY { 0.0 } else { a - b }
+}
+
+/// SplitMix64's finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The uniform draw in `[0, 1)` for token position `position` under `seed`.
+pub fn draw(seed: u64, position: usize) -> f64 {
+    let z = mix(mix(seed) ^ (position as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The token for position `position` (the index it will have in the sequence).
+pub fn pick(logits: &[f32], sampling: Sampling, position: usize) -> u32 {
+    if !(sampling.temperature > 0.0) || logits.is_empty() {
+        return argmax(logits);
+    }
+    let t = sampling.temperature as f64;
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| libm::exp((l as f64 - max) / t))
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let target = draw(sampling.seed, position) * total;
+    let mut acc = 0.0;
+    for (i, w) in weights.iter().enumerate() {
+        acc += w;
+        if acc > target {
+            return i as u32;
+        }
+    }
+    argmax(logits)
+}
+
+/// The prefill chunk sizes of the cached path: `ceil(t/16)` chunks as even as possible, larger first.
+/// They depend on the prompt length only, never on the split.
+pub fn prefill_chunks(t: usize) -> Vec<usize> {
+    let n = t.div_ceil(16);
+    if n == 0 {
+        return Vec::new();
+    }
+    let (base, extra) = (t / n, t % n);
+    (0..n).map(|i| base + usize::from(i < extra)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_even_larger_first() {
+        assert_eq!(prefill_chunks(0), Vec::<usize>::new());
+        assert_eq!(prefill_chunks(16), vec![16]);
+        assert_eq!(prefill_chunks(17), vec![9, 8]);
+        assert_eq!(prefill_chunks(33), vec![11, 11, 11]);
+        assert_eq!(prefill_chunks(50), vec![13, 13, 12, 12]);
+        for t in 1..300 {
+            let c = prefill_chunks(t);
+            assert_eq!(c.iter().sum::<usize>(), t);
+            assert!(c.iter().all(|&s| s <= 16));
+            assert!(c.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1));
+        }
+    }
+
+    #[test]
+    fn greedy_takes_lowest_of_ties() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(
+            pick(
+                &[1.0, 3.0, 3.0],
+                Sampling {
+                    temperature: 0.0,
+                    seed: 9
+                },
+                4
+            ),
+            1
+        );
+    }
+
+    #[test]
+    fn draws_depend_on_seed_and_position_only() {
+        assert_eq!(draw(7, 12), draw(7, 12));
+        assert_ne!(draw(7, 12), draw(7, 13));
+        assert_ne!(draw(7, 12), draw(8, 12));
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let s = Sampling {
+            temperature: 0.8,
+            seed: 3,
+        };
+        let a: Vec<u32> = (0..40).map(|p| pick(&logits, s, p)).collect();
+        let b: Vec<u32> = (0..40)
+            .map(|p| pick(&logits, Sampling { seed: 4, ..s }, p))
+            .collect();
+        assert_ne!(a, b);
+        assert!(a.iter().any(|&i| i != argmax(&logits)));
+    }
+
+    #[test]
+    fn margin() {
+        assert_eq!(top2_margin(&[1.0, 4.0, 2.5]), 1.5);
+    }
+}

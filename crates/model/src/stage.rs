@@ -1,0 +1,280 @@
+//! A `Stage`: layers `[a, b)` of one model; the head stage also owns the embedding, the final norm
+//! and the lm_head (tied or not). A stage loads and holds only the tensors it owns.
+
+use std::ops::Range;
+
+use crate::attention::LayerCache;
+use crate::block::{Block, StageCache};
+use crate::config::{Config, Family};
+use crate::gemm::{Linear, Precision};
+use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
+use crate::source::{Embedding, Source, read_shaped};
+use crate::{Error, Result};
+
+/// The parts only the head holds.
+struct Head {
+    embed: Embedding,
+    /// GPT-2's learned position table, `max_position_embeddings × hidden`.
+    wpe: Option<Vec<f32>>,
+    norm_weight: Vec<f32>,
+    norm_bias: Option<Vec<f32>>,
+    lm_head: Linear,
+}
+
+/// Layers `[a, b)` of one model, plus the embedding, final norm and lm_head on the head.
+pub struct Stage {
+    cfg: Config,
+    precision: Precision,
+    layers: Range<usize>,
+    blocks: Vec<Block>,
+    head: Option<Head>,
+    inv_freq: Vec<f32>,
+    fingerprint: [u8; 32],
+}
+
+impl Stage {
+    /// Load layers `layers` of the model in `src` (and the head's tensors when `head`).
+    pub fn load(
+        src: &dyn Source,
+        cfg: &Config,
+        layers: Range<usize>,
+        head: bool,
+        precision: Precision,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if layers.start > layers.end || layers.end > cfg.num_layers {
+            return Err(Error::LayerRange {
+                start: layers.start,
+                end: layers.end,
+                layers: cfg.num_layers,
+            });
+        }
+        let blocks = layers
+            .clone()
+            .map(|i| Block::load(src, cfg, i, precision))
+            .collect::<Result<Vec<_>>>()?;
+        let head = if head {
+            Some(load_head(src, cfg, precision)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            precision,
+            layers,
+            blocks,
+            head,
+            inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
+            fingerprint: src.fingerprint(),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// The layers this stage runs.
+    pub fn layers(&self) -> Range<usize> {
+        self.layers.clone()
+    }
+
+    pub fn is_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    /// The fingerprint of the model the stage was loaded from.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    /// Bytes of weights held (embedding in its source dtype).
+    pub fn weight_bytes(&self) -> usize {
+        let head = self.head.as_ref().map_or(0, |h| {
+            h.embed.bytes()
+                + h.wpe.as_ref().map_or(0, |w| w.len() * 4)
+                + (h.norm_weight.len() + h.norm_bias.as_ref().map_or(0, Vec::len)) * 4
+                + h.lm_head.bytes()
+        });
+        head + self.blocks.iter().map(Block::bytes).sum::<usize>()
+    }
+
+    /// An empty KV cache for the cached path.
+    pub fn new_cache(&self) -> StageCache {
+        StageCache {
+            layers: vec![LayerCache::default(); self.blocks.len()],
+        }
+    }
+
+    /// The embedded rows of `ids` at positions `pos0..` (head only).
+    pub fn embed(&self, ids: &[u32], pos0: usize) -> Result<Vec<f32>> {
+        let head = self.head.as_ref().ok_or(Error::NotHead("embedding"))?;
+        let h = self.cfg.hidden_size;
+        if pos0 + ids.len() > self.cfg.max_position_embeddings {
+            return Err(Error::TooLong {
+                len: pos0 + ids.len(),
+                max: self.cfg.max_position_embeddings,
+            });
+        }
+        let mut x = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            if id as usize >= head.embed.rows() {
+                return Err(Error::TokenOutOfRange {
+                    id,
+                    vocab: head.embed.rows(),
+                });
+            }
+            head.embed.row_into(id as usize, &mut x);
+        }
+        if let Some(wpe) = &head.wpe {
+            for (r, row) in x.chunks_exact_mut(h).enumerate() {
+                let p = &wpe[(pos0 + r) * h..(pos0 + r + 1) * h];
+                for (v, pv) in row.iter_mut().zip(p) {
+                    *v += pv;
+                }
+            }
+        }
+        if let Some(value) = first_non_finite(&x) {
+            return Err(Error::NonFinite {
+                place: "the embedding".to_string(),
+                value,
+            });
+        }
+        Ok(x)
+    }
+
+    /// Run this stage's layers over `rows` rows at positions `pos0..`, in place. With a cache (the
+    /// cached path) the rows continue the cached keys; without, they are the whole window.
+    pub fn forward(
+        &self,
+        x: &mut [f32],
+        rows: usize,
+        pos0: usize,
+        cache: Option<&mut StageCache>,
+    ) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        if x.len() != rows * h {
+            return Err(Error::Activation {
+                got: x.len() / rows.max(1),
+                pos: pos0,
+                expected: h,
+                want_pos: pos0,
+            });
+        }
+        if pos0 + rows > self.cfg.max_position_embeddings {
+            return Err(Error::TooLong {
+                len: pos0 + rows,
+                max: self.cfg.max_position_embeddings,
+            });
+        }
+        if let Some(value) = first_non_finite(x) {
+            return Err(Error::NonFinite {
+                place: format!("the input of layer {}", self.layers.start),
+                value,
+            });
+        }
+        match cache {
+            Some(cache) => {
+                if cache.layers.len() != self.blocks.len() {
+                    return Err(Error::Invalid(format!(
+                        "cache of {} layers for a stage of {}",
+                        cache.layers.len(),
+                        self.blocks.len()
+                    )));
+                }
+                for (b, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+                    b.forward(
+                        &self.cfg,
+                        self.precision,
+                        &self.inv_freq,
+                        x,
+                        rows,
+                        pos0,
+                        Some(c),
+                    )?;
+                }
+            }
+            None => {
+                for b in &self.blocks {
+                    b.forward(
+                        &self.cfg,
+                        self.precision,
+                        &self.inv_freq,
+                        x,
+                        rows,
+                        pos0,
+                        None,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Final norm and lm_head over `rows` rows of the returned hidden state (head only).
+    pub fn logits(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        let head = self.head.as_ref().ok_or(Error::NotHead("the lm_head"))?;
+        let h = self.cfg.hidden_size;
+        if x.len() != rows * h {
+            return Err(Error::Activation {
+                got: x.len() / rows.max(1),
+                pos: 0,
+                expected: h,
+                want_pos: 0,
+            });
+        }
+        let mut hs = x.to_vec();
+        match &head.norm_bias {
+            Some(b) => layer_norm(&mut hs, h, &head.norm_weight, b, self.cfg.norm_eps),
+            None => rms_norm(&mut hs, h, &head.norm_weight, self.cfg.norm_eps),
+        }
+        let logits = head
+            .lm_head
+            .forward(&hs, rows, &|| "the lm_head".to_string())?;
+        if let Some(value) = first_non_finite(&logits) {
+            return Err(Error::NonFinite {
+                place: "the lm_head".to_string(),
+                value,
+            });
+        }
+        Ok(logits)
+    }
+}
+
+fn load_head(src: &dyn Source, cfg: &Config, precision: Precision) -> Result<Head> {
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let (embed_name, norm, lm_name) = match cfg.family {
+        Family::Llama => ("model.embed_tokens.weight", "model.norm", "lm_head.weight"),
+        Family::Gpt2 => ("wte.weight", "ln_f", "lm_head.weight"),
+    };
+    let embed = Embedding::load(src, embed_name, v, h)?;
+    let wpe = match cfg.family {
+        Family::Gpt2 => Some(read_shaped(
+            src,
+            "wpe.weight",
+            &[cfg.max_position_embeddings, h],
+        )?),
+        Family::Llama => None,
+    };
+    let norm_weight = read_shaped(src, &format!("{norm}.weight"), &[h])?;
+    let norm_bias = match cfg.family {
+        Family::Gpt2 => Some(read_shaped(src, &format!("{norm}.bias"), &[h])?),
+        Family::Llama => None,
+    };
+    let lm = if cfg.tie_word_embeddings {
+        embed.to_f32()
+    } else {
+        read_shaped(src, lm_name, &[v, h])?
+    };
+    let lm_head = Linear::new(precision, lm, v, h, None)?;
+    Ok(Head {
+        embed,
+        wpe,
+        norm_weight,
+        norm_bias,
+        lm_head,
+    })
+}
