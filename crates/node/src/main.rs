@@ -20,7 +20,12 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Serve local model folders with the Hub's URL layout and range support (a LAN mirror).
+    Mirror(cmd::mirror::Args),
+    /// Encode text with the model's tokenizer: special-token strings become their ids.
+    Tokenize(cmd::tokenize::Args),
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -34,5 +39,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {}
+    match cli.command {
+        Command::Mirror(args) => cmd::mirror::run(args),
+        Command::Tokenize(args) => cmd::tokenize::run(args),
+    }
 }

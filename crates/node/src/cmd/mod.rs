@@ -1,1 +1,4 @@
 //! One module per subcommand.
+
+pub(crate) mod mirror;
+pub(crate) mod tokenize;
