@@ -44,9 +44,9 @@ impl std::fmt::Debug for GpuBackend {
 /// Int8 weights (N x K, row n = output channel n) resident on one backend's device.
 /// Dropping the handle frees the device memory.
 pub struct GpuWeights {
-    buffer: wgpu::Buffer,
-    n: usize,
-    k: usize,
+    pub(crate) buffer: wgpu::Buffer,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
     backend: u64,
     id: u64,
 }
@@ -203,16 +203,7 @@ impl GpuBackend {
         for chunk in a.chunks(rows_per_call * k) {
             let rows = chunk.len() / k;
             let packed = kernel::pack_rows(chunk, rows, k);
-            let part = kernel::dispatch(
-                &self.gpu,
-                &self.pipeline,
-                &mut scratch,
-                &packed,
-                rows,
-                &w.buffer,
-                n,
-                k4,
-            )?;
+            let part = kernel::dispatch(&self.gpu, &self.pipeline, &mut scratch, &packed, rows, w)?;
             out.extend_from_slice(&part);
         }
         Ok(out)
@@ -267,7 +258,9 @@ impl GpuBackend {
 
     fn gemm_rhs(&self, a: &Quantized, b: Rhs<'_>) -> Result<Vec<i32>> {
         match b {
-            Rhs::Weights(w) => self.gemm_i8_resident(a.q(), a.rows(), self.weights_for(w)?.as_ref()),
+            Rhs::Weights(w) => {
+                self.gemm_i8_resident(a.q(), a.rows(), self.weights_for(w)?.as_ref())
+            }
             Rhs::Activation(q) => self.gemm_i8(a.q(), a.rows(), q.q(), q.rows(), q.k()),
         }
     }

@@ -25,7 +25,10 @@ impl Gpu {
 
     /// The adapter's name as the JSON output and the logs show it.
     pub(crate) fn adapter_name(&self) -> String {
-        format!("{} ({:?}, {})", self.info.name, self.info.backend, self.info.driver)
+        format!(
+            "{} ({:?}, {})",
+            self.info.name, self.info.backend, self.info.driver
+        )
     }
 
     /// Returns the errors wgpu reported since the last call, as one `Error`.

@@ -64,7 +64,9 @@ pub enum Error {
     #[error("layer {requested} would be a third live layer (live: {live:?}), expected at most 2")]
     ThirdLiveLayer { requested: usize, live: [usize; 2] },
     /// The flat host buffer does not match the matrices it should hold.
-    #[error("layer {layer} matrix {matrix}: bytes {start}..{end} lie outside the flat buffer of {len}")]
+    #[error(
+        "layer {layer} matrix {matrix}: bytes {start}..{end} lie outside the flat buffer of {len}"
+    )]
     ShardRange {
         layer: usize,
         matrix: usize,

@@ -3,6 +3,7 @@
 
 use std::sync::mpsc;
 
+use crate::backend::GpuWeights;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 
@@ -188,7 +189,7 @@ fn binding(binding: u32, buffer: &wgpu::Buffer, size: u64) -> wgpu::BindGroupEnt
     }
 }
 
-/// Runs one GEMM: `a_packed` is `t x k4` words (as bytes), `b` holds `n x k4` words on the device.
+/// Runs one GEMM: `a_packed` is `t x k4` words (as bytes), `w` holds `n x k4` words on the device.
 /// Returns the `t x n` i32 accumulators, row-major.
 pub(crate) fn dispatch(
     gpu: &Gpu,
@@ -196,14 +197,14 @@ pub(crate) fn dispatch(
     scratch: &mut Scratch,
     a_packed: &[u8],
     t: usize,
-    b: &wgpu::Buffer,
-    n: usize,
-    k4: usize,
+    w: &GpuWeights,
 ) -> Result<Vec<i32>> {
+    let (b, n, k4) = (&w.buffer, w.n, words(w.k));
     let out_bytes = (t * n * 4) as u64;
     let bufs = scratch.ensure(gpu, a_packed.len() as u64, out_bytes);
     let dims = [t as u32, n as u32, k4 as u32, 0u32];
-    gpu.queue.write_buffer(&bufs.dims, 0, bytemuck::cast_slice(&dims));
+    gpu.queue
+        .write_buffer(&bufs.dims, 0, bytemuck::cast_slice(&dims));
     gpu.queue.write_buffer(&bufs.a, 0, a_packed);
 
     let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -218,7 +219,9 @@ pub(crate) fn dispatch(
     });
     let mut encoder = gpu
         .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("gemm") });
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("gemm"),
+        });
     {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("gemm"),

@@ -20,4 +20,3 @@ pub use backend::{GpuBackend, GpuWeights, MAX_K};
 pub use error::{Error, Result};
 pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, Kernel};
 pub use residency::{LayerResidency, MAX_LIVE_LAYERS, MatrixShape};
-

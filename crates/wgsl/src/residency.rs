@@ -153,7 +153,11 @@ impl LayerResidency {
         for span in spans {
             let len = span.shape.n * span.shape.k;
             let bytes = &self.flat[span.start..span.start + len];
-            weights.push(Arc::new(self.backend.upload(bytes, span.shape.n, span.shape.k)?));
+            weights.push(Arc::new(self.backend.upload(
+                bytes,
+                span.shape.n,
+                span.shape.k,
+            )?));
         }
         self.live.push((layer, weights));
         Ok(())

@@ -11,7 +11,9 @@ use daisy_gemm_int8::{
     Backend, CpuBackend, PackedWeights, Quantized, Rhs, exact_gates, gemm, probe, quantize_rows,
     reference_i32, seeded_matrix,
 };
-use daisy_wgsl::{Error, GEMM_WGSL, DOT4_PACKED_WGSL, GpuBackend, Kernel, LayerResidency, MatrixShape};
+use daisy_wgsl::{
+    DOT4_PACKED_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel, LayerResidency, MatrixShape,
+};
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
@@ -38,9 +40,15 @@ fn seeded_q(seed: u64, rows: usize, k: usize) -> Quantized {
 #[test]
 fn gates_pass_and_the_adapter_is_named() {
     for kernel in [Kernel::Auto, Kernel::Packed, Kernel::ShiftExtend] {
-        let Some(gpu) = open(kernel.clone()) else { return };
+        let Some(gpu) = open(kernel.clone()) else {
+            return;
+        };
         let name = gpu.adapter_name();
-        eprintln!("adapter: {name}; kernel {:?} -> {}", kernel, gpu.kernel_name());
+        eprintln!(
+            "adapter: {name}; kernel {:?} -> {}",
+            kernel,
+            gpu.kernel_name()
+        );
         assert!(!name.is_empty());
         assert!(Backend::name(&gpu).starts_with("wgpu:"));
         exact_gates(&gpu).expect("gates pass on a built backend");
@@ -56,7 +64,9 @@ fn both_dot4_variants_equal_the_scalar_reference_on_the_table() {
     let ks = [1, 3, 63, 64, 65, 576, 1536, 4864];
     let ns = [1, 2, 63, 130];
     for kernel in [Kernel::Packed, Kernel::ShiftExtend] {
-        let Some(gpu) = open(kernel.clone()) else { return };
+        let Some(gpu) = open(kernel.clone()) else {
+            return;
+        };
         for (ki, &k) in ks.iter().enumerate() {
             for (ni, &n) in ns.iter().enumerate() {
                 let qb = seeded_q(1000 + (ki * 10 + ni) as u64, n, k);
@@ -78,14 +88,21 @@ fn both_dot4_variants_equal_the_scalar_reference_on_the_table() {
 
 #[test]
 fn extremes_at_the_largest_k_and_the_refusal_above_it() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     let k = daisy_wgsl::MAX_K;
     let a: Vec<i8> = (0..2 * k).map(|i| if i < k { 127 } else { -127 }).collect();
-    let b: Vec<i8> = (0..3 * k).map(|i| if i % 2 == 0 { 127 } else { -127 }).collect();
+    let b: Vec<i8> = (0..3 * k)
+        .map(|i| if i % 2 == 0 { 127 } else { -127 })
+        .collect();
     let got = gpu.gemm_i8(&a, 2, &b, 3, k).unwrap();
     let expected = daisy_wgsl_reference(&a, 2, &b, 3, k);
     assert_eq!(got, expected);
-    assert_eq!(got[0], 127 * 127 * (k as i32 + 1) / 2 - 127 * 127 * (k as i32 - 1) / 2);
+    assert_eq!(
+        got[0],
+        127 * 127 * (k as i32 + 1) / 2 - 127 * 127 * (k as i32 - 1) / 2
+    );
 
     let k = k + 1;
     let err = gpu.gemm_i8(&vec![1; k], 1, &vec![1; k], 1, k).unwrap_err();
@@ -104,7 +121,9 @@ fn daisy_wgsl_reference(a: &[i8], t: usize, b: &[i8], n: usize, k: usize) -> Vec
 
 #[test]
 fn probe_equals_the_cpu_probe() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     let cpu = CpuBackend::new();
     for seed in [1, 0xDA15_7C4A] {
         assert_eq!(probe(&gpu, seed).unwrap(), probe(&cpu, seed).unwrap());
@@ -114,7 +133,10 @@ fn probe_equals_the_cpu_probe() {
 fn mutant(replacements: &[(&str, &str)]) -> Kernel {
     let mut source = format!("{GEMM_WGSL}\n{DOT4_PACKED_WGSL}");
     for (from, to) in replacements {
-        assert!(source.contains(from), "the kernel no longer contains {from:?}");
+        assert!(
+            source.contains(from),
+            "the kernel no longer contains {from:?}"
+        );
         source = source.replace(from, to);
     }
     Kernel::Wgsl(source)
@@ -122,7 +144,10 @@ fn mutant(replacements: &[(&str, &str)]) -> Kernel {
 
 /// Drops the last partial K tile: the tile edge is wrong whenever K is not a multiple of 64.
 fn wrong_tile_edge() -> Kernel {
-    mutant(&[("let ntiles = (dims.k4 + TK - 1u) / TK;", "let ntiles = dims.k4 / TK;")])
+    mutant(&[(
+        "let ntiles = (dims.k4 + TK - 1u) / TK;",
+        "let ntiles = dims.k4 / TK;",
+    )])
 }
 
 /// Accumulates in f32: exact until a partial sum passes 2²⁴, wrong at ±127 with large K.
@@ -134,7 +159,10 @@ fn f32_accumulator() -> Kernel {
             "acc[idx] = acc[idx] + dot4(ar[i], br[j]);",
             "acc[idx] = acc[idx] + f32(dot4(ar[i], br[j]));",
         ),
-        ("out[row * dims.n + col] = acc[idx];", "out[row * dims.n + col] = i32(acc[idx]);"),
+        (
+            "out[row * dims.n + col] = acc[idx];",
+            "out[row * dims.n + col] = i32(acc[idx]);",
+        ),
     ])
 }
 
@@ -148,23 +176,40 @@ fn is_gate_failure(e: &Error) -> bool {
 #[test]
 fn mutant_kernels_fail_the_gates() {
     // The real kernel must come up, or the mutants failing proves nothing.
-    let Some(_gpu) = open(Kernel::Packed) else { return };
-    for (name, kernel) in [("wrong tile edge", wrong_tile_edge()), ("f32 accumulator", f32_accumulator())] {
+    let Some(_gpu) = open(Kernel::Packed) else {
+        return;
+    };
+    for (name, kernel) in [
+        ("wrong tile edge", wrong_tile_edge()),
+        ("f32 accumulator", f32_accumulator()),
+    ] {
         match GpuBackend::with_kernel(kernel) {
             Ok(_) => panic!("the {name} mutant passed the gates"),
-            Err(e) => assert!(is_gate_failure(&e), "the {name} mutant failed otherwise: {e}"),
+            Err(e) => assert!(
+                is_gate_failure(&e),
+                "the {name} mutant failed otherwise: {e}"
+            ),
         }
     }
 }
 
 #[test]
 fn mutant_kernels_injected_after_the_gates_fail_the_audit() {
-    let Some(_gpu) = open(Kernel::Packed) else { return };
+    let Some(_gpu) = open(Kernel::Packed) else {
+        return;
+    };
     // A live-sized GEMM (K = 1541 is not a multiple of the K tile) for the tile-edge mutant; ±1
     // everywhere at K = 131071 for the f32 mutant, whose error needs sums past 2²⁴.
     let cases = [
         ("wrong tile edge", wrong_tile_edge(), 17, 1541, 67, false),
-        ("f32 accumulator", f32_accumulator(), 2, daisy_wgsl::MAX_K, 3, true),
+        (
+            "f32 accumulator",
+            f32_accumulator(),
+            2,
+            daisy_wgsl::MAX_K,
+            3,
+            true,
+        ),
     ];
     for (name, kernel, t, k, n, ones) in cases {
         let gpu = GpuBackend::ungated(kernel).unwrap();
@@ -184,7 +229,9 @@ fn mutant_kernels_injected_after_the_gates_fail_the_audit() {
 
 #[test]
 fn weights_are_uploaded_once_per_handle() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     assert_eq!(gpu.cached_bytes(), 0);
     let (t, k, n) = (3, 100, 9);
     let w = PackedWeights::new(&seeded_matrix(5, n, k), n, k).unwrap();
@@ -194,9 +241,15 @@ fn weights_are_uploaded_once_per_handle() {
     assert_eq!(bytes, (n * k.div_ceil(4) * 4) as u64);
     let second = gemm(&gpu, &a, t, &w).unwrap();
     assert_eq!(gpu.cached_bytes(), bytes);
-    assert_eq!(first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), second.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        second.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
     let cpu = gemm(&CpuBackend::new(), &a, t, &w).unwrap();
-    assert_eq!(first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    assert_eq!(
+        first.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
     gpu.evict(w.id());
     assert_eq!(gpu.cached_bytes(), 0);
 }
@@ -217,7 +270,9 @@ fn toy_stage(layers: usize, h: usize, f: usize) -> (Vec<Vec<i8>>, Vec<Vec<Matrix
 
 /// Requantizes accumulators to int8 by an arithmetic shift and clamp (deterministic, integer only).
 fn requant(acc: &[i32], shift: u32) -> Vec<i8> {
-    acc.iter().map(|&v| (v >> shift).clamp(-127, 127) as i8).collect()
+    acc.iter()
+        .map(|&v| (v >> shift).clamp(-127, 127) as i8)
+        .collect()
 }
 
 /// Runs x through every layer; `weights(l)` gives layer l's (up, down) device weights.
@@ -246,7 +301,9 @@ fn forward(
 
 #[test]
 fn a_third_live_layer_is_refused() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     let gpu = Arc::new(gpu);
     let (mats, shapes) = toy_stage(4, 32, 48);
     let flat: Vec<i8> = mats.concat();
@@ -255,20 +312,46 @@ fn a_third_live_layer_is_refused() {
     shard.begin(0).unwrap();
     assert_eq!(shard.live_layers(), vec![0, 1]);
     let err = shard.acquire(2).unwrap_err();
-    assert!(matches!(err, Error::ThirdLiveLayer { requested: 2, live: [0, 1] }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::ThirdLiveLayer {
+                requested: 2,
+                live: [0, 1]
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(shard.live_layers(), vec![0, 1]);
     shard.end(0);
     assert_eq!(shard.live_layers(), vec![1]);
     shard.begin(1).unwrap();
     assert_eq!(shard.live_layers(), vec![1, 2]);
     let err = shard.begin(3).unwrap_err();
-    assert!(matches!(err, Error::ThirdLiveLayer { requested: 3, live: [1, 2] }), "{err}");
-    assert!(matches!(shard.acquire(4).unwrap_err(), Error::LayerOutOfRange { layer: 4, layers: 4 }));
+    assert!(
+        matches!(
+            err,
+            Error::ThirdLiveLayer {
+                requested: 3,
+                live: [1, 2]
+            }
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        shard.acquire(4).unwrap_err(),
+        Error::LayerOutOfRange {
+            layer: 4,
+            layers: 4
+        }
+    ));
 }
 
 #[test]
 fn a_single_layer_stage_stays_resident() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     let (mats, shapes) = toy_stage(1, 16, 24);
     let mut shard = LayerResidency::new(Arc::new(gpu), mats.concat(), &shapes).unwrap();
     shard.begin(0).unwrap();
@@ -278,7 +361,9 @@ fn a_single_layer_stage_stays_resident() {
 
 #[test]
 fn the_streamed_run_equals_the_all_resident_run() {
-    let Some(gpu) = open(Kernel::Auto) else { return };
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
     let gpu = Arc::new(gpu);
     let (layers, h, f, t) = (5, 64, 96, 7);
     let (mats, shapes) = toy_stage(layers, h, f);
@@ -289,9 +374,19 @@ fn the_streamed_run_equals_the_all_resident_run() {
         .zip(shapes.iter().flatten())
         .map(|(m, s)| Arc::new(gpu.upload(m, s.n, s.k).unwrap()))
         .collect();
-    let all_resident = forward(&gpu, &x, t, layers, |l| Ok(resident[2 * l..2 * l + 2].to_vec()), |_| {}).unwrap();
+    let all_resident = forward(
+        &gpu,
+        &x,
+        t,
+        layers,
+        |l| Ok(resident[2 * l..2 * l + 2].to_vec()),
+        |_| {},
+    )
+    .unwrap();
 
-    let shard = std::cell::RefCell::new(LayerResidency::new(Arc::clone(&gpu), mats.concat(), &shapes).unwrap());
+    let shard = std::cell::RefCell::new(
+        LayerResidency::new(Arc::clone(&gpu), mats.concat(), &shapes).unwrap(),
+    );
     let mut peak = 0;
     let streamed = forward(
         &gpu,
@@ -308,10 +403,15 @@ fn the_streamed_run_equals_the_all_resident_run() {
     )
     .unwrap();
     assert_eq!(peak, 2);
-    assert!(streamed == all_resident, "the streamed run differs from the all-resident run");
+    assert!(
+        streamed == all_resident,
+        "the streamed run differs from the all-resident run"
+    );
 
     // Mutation: an off-by-one stream that hands out the prefetched next layer must differ.
-    let shard = std::cell::RefCell::new(LayerResidency::new(Arc::clone(&gpu), mats.concat(), &shapes).unwrap());
+    let shard = std::cell::RefCell::new(
+        LayerResidency::new(Arc::clone(&gpu), mats.concat(), &shapes).unwrap(),
+    );
     let stale = forward(
         &gpu,
         &x,
@@ -325,5 +425,8 @@ fn the_streamed_run_equals_the_all_resident_run() {
         |l| shard.borrow_mut().end(l),
     )
     .unwrap();
-    assert!(stale != all_resident, "a stale-layer stream was not told apart");
+    assert!(
+        stale != all_resident,
+        "a stale-layer stream was not told apart"
+    );
 }
