@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use crate::gemm::{Precision, act_gemm};
+use crate::gemm::{Ctx, act_gemm};
 use crate::ops::softmax;
 use crate::{Error, Result};
 
@@ -34,7 +34,7 @@ pub(crate) struct Heads {
 /// call sees exactly these keys and `pos0` must be 0; with one, the new keys are appended and the call
 /// sees every cached key plus these. Returns `t × num_heads·head_dim`.
 pub(crate) fn attention(
-    precision: Precision,
+    cx: Ctx<'_>,
     shape: &Heads,
     q: &[f32],
     k: &[f32],
@@ -114,7 +114,7 @@ pub(crate) fn attention(
                 qh.extend_from_slice(&row[h * hd..(h + 1) * hd]);
             }
             let what = || format!("attention scores of layer {layer} head {h}");
-            let mut scores = act_gemm(precision, &qh, t, &cache.k[g], nk, hd, &what)?;
+            let mut scores = act_gemm(cx, &qh, t, &cache.k[g], nk, hd, &what)?;
             for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
                 let qpos = pos0 + r;
                 for (kpos, s) in row.iter_mut().enumerate() {
@@ -128,7 +128,7 @@ pub(crate) fn attention(
                 softmax(row);
             }
             let what = || format!("attention values of layer {layer} head {h}");
-            act_gemm(precision, &scores, t, &vt[g], hd, nk, &what)
+            act_gemm(cx, &scores, t, &vt[g], hd, nk, &what)
         })
         .collect();
     let mut out = vec![0f32; t * q_cols];

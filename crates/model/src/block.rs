@@ -8,7 +8,7 @@
 
 use crate::attention::{Heads, LayerCache, attention};
 use crate::config::{Activation, Config, Family};
-use crate::gemm::{Linear, Precision};
+use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, gelu_erf, gelu_new, layer_norm, rms_norm, silu};
 use crate::source::{Source, read_shaped};
 use crate::{Error, Result};
@@ -85,7 +85,7 @@ impl Block {
     pub(crate) fn forward(
         &self,
         cfg: &Config,
-        precision: Precision,
+        cx: Ctx<'_>,
         inv_freq: &[f32],
         x: &mut [f32],
         t: usize,
@@ -94,11 +94,11 @@ impl Block {
     ) -> Result<()> {
         let index = match self {
             Block::Llama(b) => {
-                b.forward(cfg, precision, inv_freq, x, t, pos0, cache)?;
+                b.forward(cfg, cx, inv_freq, x, t, pos0, cache)?;
                 b.index
             }
             Block::Gpt2(b) => {
-                b.forward(cfg, precision, x, t, pos0, cache)?;
+                b.forward(cfg, cx, x, t, pos0, cache)?;
                 b.index
             }
         };
@@ -192,7 +192,7 @@ impl LlamaBlock {
     fn forward(
         &self,
         cfg: &Config,
-        precision: Precision,
+        cx: Ctx<'_>,
         inv_freq: &[f32],
         x: &mut [f32],
         t: usize,
@@ -207,7 +207,7 @@ impl LlamaBlock {
         rms_norm(&mut hs, h, &self.input_norm, cfg.norm_eps);
         let qkv = self
             .qkv
-            .forward(&hs, t, &|| format!("layer {i} q/k/v projection"))?;
+            .forward(cx, &hs, t, &|| format!("layer {i} q/k/v projection"))?;
         let mut q = Vec::with_capacity(t * qd);
         let mut k = Vec::with_capacity(t * kvd);
         let mut v = Vec::with_capacity(t * kvd);
@@ -218,8 +218,8 @@ impl LlamaBlock {
         }
         crate::ops::apply_rope(&mut q, qd, cfg.head_dim, pos0, inv_freq);
         crate::ops::apply_rope(&mut k, kvd, cfg.head_dim, pos0, inv_freq);
-        let attn = attention(precision, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
-        let o = self.o.forward(&attn, t, &|| {
+        let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        let o = self.o.forward(cx, &attn, t, &|| {
             format!("layer {i} attention output projection")
         })?;
         for (xv, ov) in x.iter_mut().zip(&o) {
@@ -229,7 +229,7 @@ impl LlamaBlock {
         rms_norm(&mut hs, h, &self.post_norm, cfg.norm_eps);
         let gu = self
             .gate_up
-            .forward(&hs, t, &|| format!("layer {i} gate/up projection"))?;
+            .forward(cx, &hs, t, &|| format!("layer {i} gate/up projection"))?;
         let inter = cfg.intermediate_size;
         let f = act_fn(cfg.activation);
         let mut act = Vec::with_capacity(t * inter);
@@ -239,7 +239,7 @@ impl LlamaBlock {
         }
         let d = self
             .down
-            .forward(&act, t, &|| format!("layer {i} down projection"))?;
+            .forward(cx, &act, t, &|| format!("layer {i} down projection"))?;
         for (xv, dv) in x.iter_mut().zip(&d) {
             *xv += dv;
         }
@@ -277,7 +277,7 @@ impl Gpt2Block {
     fn forward(
         &self,
         cfg: &Config,
-        precision: Precision,
+        cx: Ctx<'_>,
         x: &mut [f32],
         t: usize,
         pos0: usize,
@@ -289,7 +289,7 @@ impl Gpt2Block {
         layer_norm(&mut hs, h, &self.ln1.0, &self.ln1.1, cfg.norm_eps);
         let qkv = self
             .c_attn
-            .forward(&hs, t, &|| format!("layer {i} c_attn"))?;
+            .forward(cx, &hs, t, &|| format!("layer {i} c_attn"))?;
         let mut q = Vec::with_capacity(t * h);
         let mut k = Vec::with_capacity(t * h);
         let mut v = Vec::with_capacity(t * h);
@@ -298,23 +298,23 @@ impl Gpt2Block {
             k.extend_from_slice(&row[h..2 * h]);
             v.extend_from_slice(&row[2 * h..]);
         }
-        let attn = attention(precision, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
         let o = self
             .c_proj
-            .forward(&attn, t, &|| format!("layer {i} attention c_proj"))?;
+            .forward(cx, &attn, t, &|| format!("layer {i} attention c_proj"))?;
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
         }
         let mut hs = x.to_vec();
         layer_norm(&mut hs, h, &self.ln2.0, &self.ln2.1, cfg.norm_eps);
-        let mut f = self.fc.forward(&hs, t, &|| format!("layer {i} c_fc"))?;
+        let mut f = self.fc.forward(cx, &hs, t, &|| format!("layer {i} c_fc"))?;
         let act = act_fn(cfg.activation);
         for v in f.iter_mut() {
             *v = act(*v);
         }
         let d = self
             .proj
-            .forward(&f, t, &|| format!("layer {i} mlp c_proj"))?;
+            .forward(cx, &f, t, &|| format!("layer {i} mlp c_proj"))?;
         for (xv, dv) in x.iter_mut().zip(&d) {
             *xv += dv;
         }

@@ -3,6 +3,8 @@
 //! `F32` is the reference: plain f32 products in one fixed order. `Int8` sends every product through
 //! the verified GEMM of `daisy-gemm-int8`, with weights held quantized.
 
+use daisy_gemm_int8::{Backend, PackedWeights, gemm, gemm_act};
+
 use crate::ops::matmul_f32;
 use crate::{Error, Result};
 
@@ -37,9 +39,22 @@ impl Precision {
     }
 }
 
-/// A weight matrix `n×k` (row = output channel) as a stage holds it.
+/// What every product of a forward pass runs with.
+#[derive(Clone, Copy)]
+pub(crate) struct Ctx<'a> {
+    pub(crate) precision: Precision,
+    pub(crate) backend: &'a dyn Backend,
+}
+
+/// A weight matrix `n×k` (row = output channel) as a stage holds it: f32, or int8 with one scale per
+/// output channel, quantized once at load.
 pub(crate) enum Weight {
     F32(Vec<f32>),
+    Int8(PackedWeights),
+}
+
+fn gemm_err(what: &dyn Fn() -> String, e: daisy_gemm_int8::Error) -> Error {
+    Error::Gemm { what: what(), reason: e.to_string() }
 }
 
 /// `y = x·Wᵀ (+ b)`.
@@ -60,7 +75,10 @@ impl Linear {
         bias: Option<Vec<f32>>,
     ) -> Result<Self> {
         let weight = match precision {
-            Precision::F32 | Precision::Int8 => Weight::F32(w),
+            Precision::F32 => Weight::F32(w),
+            Precision::Int8 => Weight::Int8(
+                PackedWeights::new(&w, n, k).map_err(|e| gemm_err(&|| format!("quantizing a {n}x{k} weight"), e))?,
+            ),
         };
         Ok(Self { weight, n, k, bias })
     }
@@ -69,6 +87,7 @@ impl Linear {
     pub(crate) fn bytes(&self) -> usize {
         let w = match &self.weight {
             Weight::F32(w) => w.len() * 4,
+            Weight::Int8(p) => p.bytes(),
         };
         w + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
@@ -76,12 +95,14 @@ impl Linear {
     /// `t` rows of `x` (each `k` wide) times the weight, plus the bias; `what` names the layer for errors.
     pub(crate) fn forward(
         &self,
+        cx: Ctx<'_>,
         x: &[f32],
         t: usize,
-        _what: &dyn Fn() -> String,
+        what: &dyn Fn() -> String,
     ) -> Result<Vec<f32>> {
         let mut y = match &self.weight {
             Weight::F32(w) => matmul_f32(x, t, w, self.n, self.k),
+            Weight::Int8(p) => gemm(cx.backend, x, t, p).map_err(|e| gemm_err(what, e))?,
         };
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.n) {
@@ -96,15 +117,16 @@ impl Linear {
 
 /// `C = A·Bᵀ` for two activation operands (attention scores and attention × values).
 pub(crate) fn act_gemm(
-    precision: Precision,
+    cx: Ctx<'_>,
     a: &[f32],
     t: usize,
     b: &[f32],
     n: usize,
     k: usize,
-    _what: &dyn Fn() -> String,
+    what: &dyn Fn() -> String,
 ) -> Result<Vec<f32>> {
-    match precision {
-        Precision::F32 | Precision::Int8 => Ok(matmul_f32(a, t, b, n, k)),
+    match cx.precision {
+        Precision::F32 => Ok(matmul_f32(a, t, b, n, k)),
+        Precision::Int8 => gemm_act(cx.backend, a, t, b, n, k).map_err(|e| gemm_err(what, e)),
     }
 }

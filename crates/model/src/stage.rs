@@ -2,11 +2,14 @@
 //! and the lm_head (tied or not). A stage loads and holds only the tensors it owns.
 
 use std::ops::Range;
+use std::sync::Arc;
+
+use daisy_gemm_int8::{Backend, CpuBackend};
 
 use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
 use crate::config::{Config, Family};
-use crate::gemm::{Linear, Precision};
+use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
 use crate::source::{Embedding, Source, read_shaped};
 use crate::{Error, Result};
@@ -30,6 +33,7 @@ pub struct Stage {
     head: Option<Head>,
     inv_freq: Vec<f32>,
     fingerprint: [u8; 32],
+    backend: Arc<dyn Backend>,
 }
 
 impl Stage {
@@ -49,15 +53,12 @@ impl Stage {
                 layers: cfg.num_layers,
             });
         }
+        // The head first: its transient f32 copy of a tied embedding is gone before layers arrive.
+        let head = if head { Some(load_head(src, cfg, precision)?) } else { None };
         let blocks = layers
             .clone()
             .map(|i| Block::load(src, cfg, i, precision))
             .collect::<Result<Vec<_>>>()?;
-        let head = if head {
-            Some(load_head(src, cfg, precision)?)
-        } else {
-            None
-        };
         Ok(Self {
             cfg: cfg.clone(),
             precision,
@@ -66,7 +67,23 @@ impl Stage {
             head,
             inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
             fingerprint: src.fingerprint(),
+            backend: Arc::new(CpuBackend::new()),
         })
+    }
+
+    /// Run this stage's int8 products on `backend` (the CPU backend by default). The caller admits
+    /// the backend through `daisy_gemm_int8::exact_gates` first.
+    pub fn set_backend(&mut self, backend: Arc<dyn Backend>) {
+        self.backend = backend;
+    }
+
+    /// The backend int8 products run on.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx { precision: self.precision, backend: &*self.backend }
     }
 
     pub fn config(&self) -> &Config {
@@ -188,7 +205,7 @@ impl Stage {
                 for (b, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
                     b.forward(
                         &self.cfg,
-                        self.precision,
+                        self.ctx(),
                         &self.inv_freq,
                         x,
                         rows,
@@ -201,7 +218,7 @@ impl Stage {
                 for b in &self.blocks {
                     b.forward(
                         &self.cfg,
-                        self.precision,
+                        self.ctx(),
                         &self.inv_freq,
                         x,
                         rows,
@@ -233,7 +250,7 @@ impl Stage {
         }
         let logits = head
             .lm_head
-            .forward(&hs, rows, &|| "the lm_head".to_string())?;
+            .forward(self.ctx(), &hs, rows, &|| "the lm_head".to_string())?;
         if let Some(value) = first_non_finite(&logits) {
             return Err(Error::NonFinite {
                 place: "the lm_head".to_string(),

@@ -23,6 +23,10 @@ struct Cli {
 enum Command {
     /// Serve local model folders with the Hub's URL layout and range support (a LAN mirror).
     Mirror(cmd::mirror::Args),
+    /// Generate from a prompt, the split of `--stages` played in one process through the real wire.
+    Run(cmd::run::Args),
+    /// Teacher-forced pass over given ids: argmax, log-probabilities and perplexity.
+    Score(cmd::score::Args),
     /// Encode text with the model's tokenizer: special-token strings become their ids.
     Tokenize(cmd::tokenize::Args),
 }
@@ -41,6 +45,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Mirror(args) => cmd::mirror::run(args),
+        Command::Run(args) => cmd::run::run(args),
+        Command::Score(args) => cmd::score::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
     }
 }

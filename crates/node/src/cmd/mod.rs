@@ -1,4 +1,6 @@
 //! One module per subcommand.
 
 pub(crate) mod mirror;
+pub(crate) mod run;
+pub(crate) mod score;
 pub(crate) mod tokenize;

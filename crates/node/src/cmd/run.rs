@@ -1,0 +1,423 @@
+//! `node run`: one turn of generation, with the split of `--stages` played in one process — every hop
+//! goes through the real `wire` encode/decode and `ring::route` (DESIGN.md §5).
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use daisy_gemm_int8::{Backend, CpuBackend, exact_gates};
+use daisy_loader::Checkpoint;
+use daisy_model::{
+    Config, GenerateOptions, Pass, Path, Precision, Sampling, Stage, StageCache, generate,
+};
+use daisy_tokenizer::{ChatTemplate, Message as ChatMessage, Tokenizer};
+use daisy_wire::{Activation, Fingerprint, Message, Plan, Positions, decode_for, encode};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// A local folder in Hugging Face layout, a `.gguf` file, or a repo id `org/name[@revision]`.
+    #[arg(long)]
+    model: String,
+    /// Raw prompt text; special-token strings in it become their ids.
+    #[arg(long)]
+    prompt: String,
+    /// Render the prompt as one user message with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Keep generating past an end-of-sequence id: exactly `--max-new-tokens` ids.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// 0 is greedy; above 0 each token position has its own draw from `--seed`.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// The sampling seed (used above temperature 0).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep the completion inside a JSON value (not built yet).
+    #[arg(long)]
+    json_output: bool,
+    /// Layer count of each stage, head first (`10,10,10`); one number is the unsplit run.
+    #[arg(long, value_delimiter = ',')]
+    stages: Option<Vec<usize>>,
+    /// `int8` (every product through the verified GEMM) or `f32` (the reference).
+    #[arg(long, default_value = "int8")]
+    precision: String,
+    /// `auto`, `full-window` or `cached`.
+    #[arg(long, default_value = "auto")]
+    path: String,
+    /// `auto`, `cpu` or `gpu`.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// Rerun the prompt unsplit on the head and compare the ids.
+    #[arg(long)]
+    verify: bool,
+    /// `text` or `json` (one JSON object as the last line of stdout).
+    #[arg(long, default_value = "text")]
+    format: String,
+}
+
+/// One hop of the first lap: the layer after which the state was sent, and SHA-256 of its f32 bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Hop {
+    pub(crate) after_layer: usize,
+    pub(crate) sha256: [u8; 32],
+}
+
+/// SHA-256 over the exact little-endian bits of `data`.
+pub(crate) fn sha256_f32(data: &[f32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for v in data {
+        h.update(v.to_bits().to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+/// The stages of one plan in one process; the head drives and every hop crosses `wire` and `route`.
+pub(crate) struct LocalRing<'a> {
+    plan: &'a Plan,
+    stages: &'a [Stage],
+    caches: Vec<Option<StageCache>>,
+    turn: u64,
+    pub(crate) hops: Vec<Hop>,
+}
+
+impl<'a> LocalRing<'a> {
+    pub(crate) fn new(plan: &'a Plan, stages: &'a [Stage], turn: u64) -> Self {
+        Self {
+            plan,
+            stages,
+            caches: vec![None; stages.len()],
+            turn,
+            hops: Vec::new(),
+        }
+    }
+
+    /// Carry one pass from the head around the ring and back.
+    pub(crate) fn lap(&mut self, pass: Pass) -> anyhow::Result<Vec<f32>> {
+        let Pass {
+            hidden,
+            rows,
+            pos0,
+            cached,
+            lap,
+        } = pass;
+        let cols = if rows == 0 { 0 } else { hidden.len() / rows };
+        if cached && pos0 == 0 {
+            for (c, s) in self.caches.iter_mut().zip(self.stages) {
+                *c = Some(s.new_cache());
+            }
+        }
+        let mut data = hidden;
+        let (mut hop, mut sender) = (0, 0);
+        let mut after_layer = self.plan.stages()[0].layers.end;
+        loop {
+            let fp = Fingerprint(self.stages[sender].fingerprint());
+            let act = Activation::new(
+                self.turn,
+                lap,
+                hop,
+                Positions::new(pos0, rows),
+                rows,
+                cols,
+                data,
+                fp,
+            )?;
+            let bytes = encode(&Message::Activation(act));
+            let next = route(self.plan, hop)?;
+            let receiver = match next {
+                Next::Stage(i) => i,
+                Next::Return => 0,
+            };
+            let Some(stage) = self.stages.get(receiver) else {
+                bail!("route names stage {receiver}, which is not loaded")
+            };
+            let Message::Activation(act) = decode_for(&bytes, &Fingerprint(stage.fingerprint()))
+                .with_context(|| format!("stage {receiver} refused hop {hop}"))?
+            else {
+                bail!("hop {hop} did not decode to an activation");
+            };
+            data = act.into_data();
+            if lap == 0 {
+                self.hops.push(Hop {
+                    after_layer,
+                    sha256: sha256_f32(&data),
+                });
+            }
+            match next {
+                Next::Return => return Ok(data),
+                Next::Stage(i) => {
+                    let cache = if cached {
+                        self.caches[i].as_mut()
+                    } else {
+                        None
+                    };
+                    stage
+                        .forward(&mut data, rows, pos0, cache)
+                        .with_context(|| format!("stage {i}"))?;
+                    after_layer = self.plan.stages()[i].layers.end;
+                    sender = i;
+                    hop += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Where the activation of hop `hop` goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    Stage(usize),
+    Return,
+}
+
+/// Stand-in for `daisy_ring::route` until that crate lands: hop `h` goes to stage `h + 1`, the last
+/// hop returns to the head.
+fn route(plan: &Plan, hop: usize) -> anyhow::Result<Next> {
+    if hop + 1 < plan.len() {
+        Ok(Next::Stage(hop + 1))
+    } else if hop + 1 == plan.len() {
+        Ok(Next::Return)
+    } else {
+        bail!(
+            "hop {hop} is past the end of a lap of {} stages",
+            plan.len()
+        )
+    }
+}
+
+/// A checkpoint opened and validated (config, every tensor header), its config and tokenizer.
+pub(crate) struct Opened {
+    pub(crate) checkpoint: Checkpoint,
+    pub(crate) config: Config,
+    pub(crate) tokenizer: Tokenizer,
+}
+
+/// Open `model` and validate everything before any computation.
+pub(crate) fn open(model: &str) -> anyhow::Result<Opened> {
+    let checkpoint = Checkpoint::open(model).with_context(|| format!("opening model {model}"))?;
+    let config =
+        Config::from_loader(checkpoint.config()).with_context(|| format!("model {model}"))?;
+    let tokenizer = super::tokenize::load_tokenizer(&checkpoint)?;
+    if tokenizer.vocab_size() > config.vocab_size {
+        bail!(
+            "tokenizer has {} tokens but the model's vocabulary is {}: expected at most the model's",
+            tokenizer.vocab_size(),
+            config.vocab_size
+        );
+    }
+    Ok(Opened {
+        checkpoint,
+        config,
+        tokenizer,
+    })
+}
+
+/// The backend `--backend` names, admitted by the exact gates.
+pub(crate) fn backend(name: &str) -> anyhow::Result<Arc<dyn Backend>> {
+    match name {
+        "auto" | "cpu" => {
+            let cpu = CpuBackend::new();
+            exact_gates(&cpu).context("the CPU backend failed its exact gates")?;
+            Ok(Arc::new(cpu))
+        }
+        "gpu" => bail!(
+            "--backend gpu: no GPU backend is built into this node yet; use --backend cpu or auto"
+        ),
+        other => bail!("--backend `{other}`, expected auto, cpu or gpu"),
+    }
+}
+
+/// Load the stages of `plan` with `backend`.
+pub(crate) fn load_stages(
+    opened: &Opened,
+    plan: &Plan,
+    precision: Precision,
+    backend: &Arc<dyn Backend>,
+) -> anyhow::Result<Vec<Stage>> {
+    plan.stages()
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut stage = Stage::load(
+                &opened.checkpoint,
+                &opened.config,
+                s.layers.clone(),
+                i == 0,
+                precision,
+            )
+            .with_context(|| format!("loading stage {i} (layers {:?})", s.layers))?;
+            stage.set_backend(backend.clone());
+            Ok(stage)
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ranges(plan: &Plan) -> Vec<Range<usize>> {
+    plan.stages().iter().map(|s| s.layers.clone()).collect()
+}
+
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    if args.json_output {
+        bail!("--json-output is not built yet");
+    }
+    let json_format = match args.format.as_str() {
+        "text" => false,
+        "json" => true,
+        other => bail!("--format `{other}`, expected text or json"),
+    };
+    let precision = Precision::parse(&args.precision)?;
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        bail!(
+            "--temperature {}, expected a finite number at least 0",
+            args.temperature
+        );
+    }
+    let backend = backend(&args.backend)?;
+    let t0 = Instant::now();
+    let opened = open(&args.model)?;
+    let n_layers = opened.config.num_layers;
+    let counts = args.stages.clone().unwrap_or_else(|| vec![n_layers]);
+    let plan =
+        Plan::from_counts(&counts, n_layers).with_context(|| format!("--stages {counts:?}"))?;
+    let prompt_ids = if args.chat {
+        let bytes = opened
+            .checkpoint
+            .tokenizer_config_json()?
+            .context("--chat: the model has no tokenizer_config.json")?;
+        let template = ChatTemplate::from_tokenizer_config(&bytes)?
+            .context("--chat: the model's tokenizer_config.json has no chat_template")?;
+        let rendered = template.render(
+            &[ChatMessage {
+                role: "user".into(),
+                content: args.prompt.clone(),
+            }],
+            true,
+        )?;
+        opened.tokenizer.encode(&rendered, false)
+    } else {
+        opened.tokenizer.encode(&args.prompt, true)
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt encodes to no tokens, expected at least one");
+    }
+    let path = Path::resolve(&args.path, prompt_ids.len(), plan.len())?;
+    let opts = GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        eos_token_ids: opened.config_eos(),
+        ignore_eos: args.ignore_eos,
+        sampling: Sampling {
+            temperature: args.temperature,
+            seed: args.seed,
+        },
+        path,
+    };
+    let stages = load_stages(&opened, &plan, precision, &backend)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "loaded {} stage(s) {:?} of {} in {load_s:.2}s; {} prompt tokens, {} path, {} precision",
+        plan.len(),
+        counts,
+        args.model,
+        prompt_ids.len(),
+        path.name(),
+        precision.name()
+    );
+    let t1 = Instant::now();
+    let mut ring = LocalRing::new(&plan, &stages, 1);
+    let generation = generate(&stages[0], &prompt_ids, &opts, &mut |p| ring.lap(p))?;
+    let generate_s = t1.elapsed().as_secs_f64();
+    let text = opened.tokenizer.decode(&generation.ids, true)?;
+
+    let mut verify = serde_json::Value::Null;
+    let mut verify_failed = None;
+    if args.verify {
+        let single = Plan::single(n_layers)?;
+        let solo = if plan.len() == 1 {
+            None
+        } else {
+            Some(load_stages(&opened, &single, precision, &backend)?)
+        };
+        let solo_stages = solo.as_deref().unwrap_or(&stages);
+        let mut solo_ring = LocalRing::new(&single, solo_stages, 2);
+        let again = generate(&solo_stages[0], &prompt_ids, &opts, &mut |p| {
+            solo_ring.lap(p)
+        })?;
+        let equal = again.ids == generation.ids;
+        if !equal {
+            verify_failed = Some(format!(
+                "verify failed: the split run gave ids {:?}, the unsplit run on the head {:?}",
+                generation.ids, again.ids
+            ));
+        }
+        verify = json!({ "ids_equal": equal, "ids": again.ids, "path": path.name() });
+    }
+
+    if json_format {
+        let hops: Vec<_> = ring
+            .hops
+            .iter()
+            .enumerate()
+            .map(|(i, h)| json!({ "hop": i, "after_layer": h.after_layer, "sha256": hex(&h.sha256) }))
+            .collect();
+        let plan_json: Vec<_> = ranges(&plan)
+            .iter()
+            .map(|r| json!([r.start, r.end]))
+            .collect();
+        let out = json!({
+            "prompt_ids": prompt_ids,
+            "ids": generation.ids,
+            "text": text,
+            "plan": plan_json,
+            "stages": counts,
+            "fingerprint": hex(&stages[0].fingerprint()),
+            "backend": { "name": stages[0].backend().name(), "adapter": serde_json::Value::Null },
+            "precision": precision.name(),
+            "path": path.name(),
+            "hops": hops,
+            "laps": generation.laps,
+            "verify": verify,
+            "timings": {
+                "load_s": load_s,
+                "generate_s": generate_s,
+                "tokens_per_s": generation.ids.len() as f64 / generate_s.max(1e-9),
+            },
+        });
+        println!("{out}");
+    } else {
+        println!("{text}");
+    }
+    if let Some(msg) = verify_failed {
+        bail!(msg);
+    }
+    Ok(())
+}
+
+impl Opened {
+    /// End-of-sequence ids from the config (and the tokenizer's `eos_token` if the config has none).
+    pub(crate) fn config_eos(&self) -> Vec<u32> {
+        self.checkpoint.config().eos_token_ids.clone()
+    }
+}
+
+/// Read a file as UTF-8 text, refusing invalid bytes.
+pub(crate) fn read_text(path: &PathBuf) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8 (first invalid byte at offset {}): expected UTF-8 text",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
