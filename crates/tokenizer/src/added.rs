@@ -47,7 +47,9 @@ impl Matcher {
         }
         let bytes = text.as_bytes();
         for start in from..bytes.len() {
-            let Some(candidates) = self.by_first.get(&bytes[start]) else { continue };
+            let Some(candidates) = self.by_first.get(&bytes[start]) else {
+                continue;
+            };
             for &i in candidates {
                 let (p, id) = &self.patterns[i];
                 if bytes[start..].starts_with(p.as_bytes()) {
@@ -87,7 +89,8 @@ static SPACE_END: LazyLock<Option<fancy_regex::Regex>> =
     LazyLock::new(|| fancy_regex::Regex::new(r"\s*$").ok());
 
 fn is_match(re: &LazyLock<Option<fancy_regex::Regex>>, s: &str) -> bool {
-    re.as_ref().is_some_and(|re| re.is_match(s).unwrap_or(false))
+    re.as_ref()
+        .is_some_and(|re| re.is_match(s).unwrap_or(false))
 }
 
 fn find(re: &LazyLock<Option<fancy_regex::Regex>>, s: &str) -> Option<(usize, usize)> {
@@ -100,7 +103,11 @@ impl AddedVocabulary {
     /// Registers the file's added tokens the way `tokenizers`' `add_tokens` does when it loads a
     /// file: a token already in the model's vocabulary keeps that id; any other gets the next id
     /// after the vocabulary, in file order (the file's own `id` is not consulted).
-    pub(crate) fn new(tokens: &[AddedToken], model: &Bpe, normalizer: &Normalizer) -> AddedVocabulary {
+    pub(crate) fn new(
+        tokens: &[AddedToken],
+        model: &Bpe,
+        normalizer: &Normalizer,
+    ) -> AddedVocabulary {
         let mut v = AddedVocabulary::default();
         let mut specials: Vec<&AddedToken> = Vec::new();
         for t in tokens {
@@ -117,7 +124,12 @@ impl AddedVocabulary {
                 continue;
             }
             seen.push(t);
-            let id = match v.ids.get(&t.content).copied().or_else(|| model.token_to_id(&t.content)) {
+            let id = match v
+                .ids
+                .get(&t.content)
+                .copied()
+                .or_else(|| model.token_to_id(&t.content))
+            {
                 Some(id) => id,
                 None => {
                     next_id += 1;
@@ -125,7 +137,11 @@ impl AddedVocabulary {
                 }
             };
             v.ids.insert(t.content.clone(), id);
-            let entry = Entry { single_word: t.single_word, lstrip: t.lstrip, rstrip: t.rstrip };
+            let entry = Entry {
+                single_word: t.single_word,
+                lstrip: t.lstrip,
+                rstrip: t.rstrip,
+            };
             v.by_id.insert(id, (t.content.clone(), entry));
             if !v.special.contains(&t.content) {
                 plain.push(t);
@@ -147,7 +163,9 @@ impl AddedVocabulary {
     }
 
     pub(crate) fn id_contents(&self) -> impl Iterator<Item = (u32, &str)> {
-        self.by_id.iter().map(|(id, (content, _))| (*id, content.as_str()))
+        self.by_id
+            .iter()
+            .map(|(id, (content, _))| (*id, content.as_str()))
     }
 
     pub(crate) fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -169,10 +187,13 @@ impl AddedVocabulary {
         let mut from = 0;
         while let Some((mut start, mut stop, id)) = matcher.find(sentence, from) {
             from = stop;
-            let Some((_, entry)) = self.by_id.get(&id) else { continue };
+            let Some((_, entry)) = self.by_id.get(&id) else {
+                continue;
+            };
             if entry.single_word {
                 let start_space = start == 0 || !is_match(&WORD_END, &sentence[..start]);
-                let stop_space = stop == sentence.len() || !is_match(&WORD_START, &sentence[stop..]);
+                let stop_space =
+                    stop == sentence.len() || !is_match(&WORD_START, &sentence[stop..]);
                 if !stop_space || !start_space {
                     continue;
                 }
@@ -212,7 +233,9 @@ impl AddedVocabulary {
             }
             let normalized = normalizer.normalize(slice);
             for (id, a, b) in self.find_matches(&normalized, &self.normalized) {
-                let Some(part) = normalized.get(a..b).filter(|p| !p.is_empty()) else { continue };
+                let Some(part) = normalized.get(a..b).filter(|p| !p.is_empty()) else {
+                    continue;
+                };
                 match id {
                     Some(id) => out.push(Piece::Token(id)),
                     None => out.push(Piece::Text(part.to_owned())),

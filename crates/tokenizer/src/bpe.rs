@@ -100,7 +100,10 @@ impl Bpe {
         merges.reserve(cfg.merges.len());
         for (rank, (a, b)) in cfg.merges.iter().enumerate() {
             let missing = |t: &str| {
-                Error::Invalid(format!("merge {} {a:?} {b:?}: token {t:?} is not in the vocabulary", rank + 1))
+                Error::Invalid(format!(
+                    "merge {} {a:?} {b:?}: token {t:?} is not in the vocabulary",
+                    rank + 1
+                ))
             };
             let a_id = *vocab.get(a).ok_or_else(|| missing(a))?;
             let b_id = *vocab.get(b).ok_or_else(|| missing(b))?;
@@ -114,7 +117,9 @@ impl Bpe {
             Some(t) => match vocab.get(t) {
                 Some(id) => Some(*id),
                 None => {
-                    return Err(Error::Invalid(format!("unk_token {t:?} is not in the vocabulary")));
+                    return Err(Error::Invalid(format!(
+                        "unk_token {t:?} is not in the vocabulary"
+                    )));
                 }
             },
             None => None,
@@ -154,39 +159,36 @@ impl Bpe {
         if word.is_empty() {
             return;
         }
-        if self.ignore_merges {
-            if let Some(id) = self.vocab.get(word) {
-                out.push(*id);
-                return;
-            }
+        if self.ignore_merges
+            && let Some(id) = self.vocab.get(word)
+        {
+            out.push(*id);
+            return;
         }
         let cacheable = word.len() < CACHE_MAX_WORD;
-        if cacheable {
-            if let Ok(cache) = self.cache.read() {
-                if let Some(ids) = cache.get(word) {
-                    out.extend_from_slice(ids);
-                    return;
-                }
-            }
+        if cacheable
+            && let Ok(cache) = self.cache.read()
+            && let Some(ids) = cache.get(word)
+        {
+            out.extend_from_slice(ids);
+            return;
         }
         let start = out.len();
         self.merge_word(word, out);
-        if cacheable {
-            if let Ok(mut cache) = self.cache.write() {
-                if cache.len() >= CACHE_CAPACITY {
-                    cache.clear();
-                }
-                cache.insert(word.to_owned(), out[start..].into());
+        if cacheable && let Ok(mut cache) = self.cache.write() {
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
             }
+            cache.insert(word.to_owned(), out[start..].into());
         }
     }
 
     fn char_id(&self, s: &str) -> Option<u32> {
         let mut chars = s.chars();
-        if let (Some(c), None) = (chars.next(), chars.next()) {
-            if let Some(slot) = self.char_ids.get(c as usize) {
-                return *slot;
-            }
+        if let (Some(c), None) = (chars.next(), chars.next())
+            && let Some(slot) = self.char_ids.get(c as usize)
+        {
+            return *slot;
         }
         self.vocab.get(s).copied()
     }
@@ -199,7 +201,12 @@ impl Bpe {
             if let Some(last) = symbols.last_mut() {
                 last.next = n;
             }
-            symbols.push(Symbol { c, prev: n - 1, next: -1, len });
+            symbols.push(Symbol {
+                c,
+                prev: n - 1,
+                next: -1,
+                len,
+            });
         };
         for (i, ch) in w.char_indices() {
             let s = &w[i..i + ch.len_utf8()];
@@ -261,18 +268,26 @@ impl Bpe {
             if current.prev >= 0 {
                 let prev = current.prev as usize;
                 if let Some(&(rank, new_id)) = self.merges.get(&(symbols[prev].c, current.c)) {
-                    queue.push(Merge { pos: prev, rank, new_id });
+                    queue.push(Merge {
+                        pos: prev,
+                        rank,
+                        new_id,
+                    });
                 }
             }
             let next = current.next as usize;
-            if current.next >= 0 && next < symbols.len() {
-                if let Some(&(rank, new_id)) = self.merges.get(&(current.c, symbols[next].c)) {
-                    queue.push(Merge { pos: top.pos, rank, new_id });
-                }
+            if current.next >= 0
+                && next < symbols.len()
+                && let Some(&(rank, new_id)) = self.merges.get(&(current.c, symbols[next].c))
+            {
+                queue.push(Merge {
+                    pos: top.pos,
+                    rank,
+                    new_id,
+                });
             }
         }
     }
-
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -293,7 +308,10 @@ struct Merge {
 impl Ord for Merge {
     /// The max-heap pops the lowest rank, then the lowest position.
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        other.rank.cmp(&self.rank).then_with(|| other.pos.cmp(&self.pos))
+        other
+            .rank
+            .cmp(&self.rank)
+            .then_with(|| other.pos.cmp(&self.pos))
     }
 }
 

@@ -56,7 +56,9 @@ pub(crate) enum TemplatePiece {
 pub(crate) enum PostProcessor {
     /// ByteLevel (offsets only) or none: ids pass through unchanged.
     Identity,
-    Template { single: Vec<TemplatePiece> },
+    Template {
+        single: Vec<TemplatePiece>,
+    },
 }
 
 /// The BPE model's fields.
@@ -83,7 +85,10 @@ fn invalid(msg: impl Into<String>) -> Error {
 }
 
 fn refused(what: impl Into<String>, expected: &'static str) -> Error {
-    Error::Refused { what: what.into(), expected }
+    Error::Refused {
+        what: what.into(),
+        expected,
+    }
 }
 
 fn type_of<'a>(obj: &'a Map<String, Value>, what: &str) -> Result<&'a str, Error> {
@@ -96,25 +101,32 @@ fn bool_field(obj: &Map<String, Value>, key: &str, default: bool) -> Result<bool
     match obj.get(key) {
         None | Some(Value::Null) => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(invalid(format!("field {key:?} is {other}, expected a boolean"))),
+        Some(other) => Err(invalid(format!(
+            "field {key:?} is {other}, expected a boolean"
+        ))),
     }
 }
 
 fn as_object<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, Error> {
-    v.as_object().ok_or_else(|| invalid(format!("{what} is not an object")))
+    v.as_object()
+        .ok_or_else(|| invalid(format!("{what} is not an object")))
 }
 
 pub(crate) fn parse(bytes: &[u8]) -> Result<File, Error> {
-    let root: Value = serde_json::from_slice(bytes).map_err(|e| invalid(format!("not JSON: {e}")))?;
+    let root: Value =
+        serde_json::from_slice(bytes).map_err(|e| invalid(format!("not JSON: {e}")))?;
     let root = as_object(&root, "the file")?;
-    if let Some(v) = root.get("version").and_then(Value::as_str) {
-        if v != "1.0" {
-            return Err(invalid(format!("version {v:?}, expected \"1.0\"")));
-        }
+    if let Some(v) = root.get("version").and_then(Value::as_str)
+        && v != "1.0"
+    {
+        return Err(invalid(format!("version {v:?}, expected \"1.0\"")));
     }
     for key in ["truncation", "padding"] {
         if root.get(key).is_some_and(|v| !v.is_null()) {
-            return Err(refused(format!("{key} settings"), "expected \"truncation\": null and \"padding\": null"));
+            return Err(refused(
+                format!("{key} settings"),
+                "expected \"truncation\": null and \"padding\": null",
+            ));
         }
     }
     let model = parse_model(root.get("model").ok_or_else(|| invalid("no \"model\""))?)?;
@@ -145,7 +157,13 @@ pub(crate) fn parse(bytes: &[u8]) -> Result<File, Error> {
         None | Some(Value::Null) => PostProcessor::Identity,
         Some(v) => parse_post(v)?,
     };
-    Ok(File { added_tokens, normalizer, pre_tokenizers, post_processor, model })
+    Ok(File {
+        added_tokens,
+        normalizer,
+        pre_tokenizers,
+        post_processor,
+        model,
+    })
 }
 
 fn parse_added(v: &Value) -> Result<AddedToken, Error> {
@@ -186,7 +204,10 @@ fn parse_model(v: &Value) -> Result<BpeConfig, Error> {
         None | Some(Value::Null) => {}
         Some(Value::Number(n)) if n.as_f64() == Some(0.0) => {}
         Some(other) => {
-            return Err(refused(format!("BPE dropout {other}"), "expected \"dropout\": null"));
+            return Err(refused(
+                format!("BPE dropout {other}"),
+                "expected \"dropout\": null",
+            ));
         }
     }
     for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
@@ -194,7 +215,10 @@ fn parse_model(v: &Value) -> Result<BpeConfig, Error> {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) if s.is_empty() => {}
             Some(other) => {
-                return Err(refused(format!("BPE {key} {other}"), "expected a byte-level BPE without affixes"));
+                return Err(refused(
+                    format!("BPE {key} {other}"),
+                    "expected a byte-level BPE without affixes",
+                ));
             }
         }
     }
@@ -230,7 +254,9 @@ fn parse_model(v: &Value) -> Result<BpeConfig, Error> {
                 rank += 1;
                 let parts: Vec<&str> = s.split(' ').collect();
                 if parts.len() != 2 {
-                    return Err(invalid(format!("merge {rank} {s:?} is not two tokens separated by one space")));
+                    return Err(invalid(format!(
+                        "merge {rank} {s:?} is not two tokens separated by one space"
+                    )));
                 }
                 merges.push((parts[0].to_owned(), parts[1].to_owned()));
             }
@@ -240,7 +266,11 @@ fn parse_model(v: &Value) -> Result<BpeConfig, Error> {
                 let b = pair[1].as_str().unwrap_or_default().to_owned();
                 merges.push((a, b));
             }
-            other => return Err(invalid(format!("merge {other} is neither \"a b\" nor [\"a\", \"b\"]"))),
+            other => {
+                return Err(invalid(format!(
+                    "merge {other} is neither \"a b\" nor [\"a\", \"b\"]"
+                )));
+            }
         }
     }
     Ok(BpeConfig {
@@ -300,7 +330,9 @@ fn parse_pre_tokenizer(v: &Value, out: &mut Vec<PreTokenizer>) -> Result<(), Err
             } else if let Some(r) = pattern.get("Regex").and_then(Value::as_str) {
                 Pattern::regex(r)?
             } else {
-                return Err(invalid("pre-tokenizer Split pattern is neither {\"String\"} nor {\"Regex\"}"));
+                return Err(invalid(
+                    "pre-tokenizer Split pattern is neither {\"String\"} nor {\"Regex\"}",
+                ));
             };
             let behavior = match obj.get("behavior").and_then(Value::as_str) {
                 Some("Removed") => Behavior::Removed,
@@ -345,7 +377,9 @@ fn parse_post(v: &Value) -> Result<PostProcessor, Error> {
                 if let Some(seq) = piece.get("Sequence") {
                     let id = seq.get("id").and_then(Value::as_str);
                     if id != Some("A") {
-                        return Err(invalid(format!("template sequence {id:?} in \"single\", expected \"A\"")));
+                        return Err(invalid(format!(
+                            "template sequence {id:?} in \"single\", expected \"A\""
+                        )));
                     }
                     pieces.push(TemplatePiece::Sequence);
                 } else if let Some(sp) = piece.get("SpecialToken") {
@@ -357,15 +391,25 @@ fn parse_post(v: &Value) -> Result<PostProcessor, Error> {
                         .get(id)
                         .and_then(|s| s.get("ids"))
                         .and_then(Value::as_array)
-                        .ok_or_else(|| invalid(format!("template special token {id:?} is not in \"special_tokens\"")))?;
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "template special token {id:?} is not in \"special_tokens\""
+                            ))
+                        })?;
                     let ids = ids
                         .iter()
                         .map(|i| i.as_u64().and_then(|i| u32::try_from(i).ok()))
                         .collect::<Option<Vec<u32>>>()
-                        .ok_or_else(|| invalid(format!("template special token {id:?} has ids that are not u32")))?;
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "template special token {id:?} has ids that are not u32"
+                            ))
+                        })?;
                     pieces.push(TemplatePiece::Special(ids));
                 } else {
-                    return Err(invalid("template piece is neither Sequence nor SpecialToken"));
+                    return Err(invalid(
+                        "template piece is neither Sequence nor SpecialToken",
+                    ));
                 }
             }
             Ok(PostProcessor::Template { single: pieces })

@@ -109,17 +109,15 @@ impl Tokenizer {
                 }),
             }
         }
-        if add_special_tokens {
-            if let config::PostProcessor::Template { single } = &self.post {
-                let mut out = Vec::with_capacity(ids.len() + 4);
-                for piece in single {
-                    match piece {
-                        config::TemplatePiece::Sequence => out.extend_from_slice(&ids),
-                        config::TemplatePiece::Special(special) => out.extend_from_slice(special),
-                    }
+        if add_special_tokens && let config::PostProcessor::Template { single } = &self.post {
+            let mut out = Vec::with_capacity(ids.len() + 4);
+            for piece in single {
+                match piece {
+                    config::TemplatePiece::Sequence => out.extend_from_slice(&ids),
+                    config::TemplatePiece::Special(special) => out.extend_from_slice(special),
                 }
-                return out;
             }
+            return out;
         }
         ids
     }
@@ -131,7 +129,10 @@ impl Tokenizer {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
         for &id in ids {
             let Some(token) = self.id_to_token.get(&id) else {
-                return Err(Error::UnknownId { id, vocab_size: self.vocab_size() });
+                return Err(Error::UnknownId {
+                    id,
+                    vocab_size: self.vocab_size(),
+                });
             };
             if skip_special_tokens && self.added.is_special(token) {
                 continue;
@@ -143,7 +144,9 @@ impl Tokenizer {
 
     /// The id of a token (added tokens first, then the model's vocabulary).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.added.token_to_id(token).or_else(|| self.model.token_to_id(token))
+        self.added
+            .token_to_id(token)
+            .or_else(|| self.model.token_to_id(token))
     }
 
     /// The text of a token id, as stored in the vocabulary (byte-level characters, not bytes).
@@ -158,6 +161,8 @@ impl Tokenizer {
 
     /// Whether `id` is a special added token (`<|im_end|>`, `<|endoftext|>`).
     pub fn is_special_id(&self, id: u32) -> bool {
-        self.id_to_token.get(&id).is_some_and(|t| self.added.is_special(t))
+        self.id_to_token
+            .get(&id)
+            .is_some_and(|t| self.added.is_special(t))
     }
 }

@@ -15,14 +15,18 @@ pub(crate) struct Pattern {
 impl Pattern {
     pub(crate) fn literal(s: &str) -> Result<Pattern, Error> {
         if s.is_empty() {
-            return Err(Error::Invalid("pre-tokenizer Split with an empty String pattern".into()));
+            return Err(Error::Invalid(
+                "pre-tokenizer Split with an empty String pattern".into(),
+            ));
         }
         Self::regex(&fancy_regex::escape(s))
     }
 
     pub(crate) fn regex(pattern: &str) -> Result<Pattern, Error> {
-        let regex = fancy_regex::Regex::new(pattern)
-            .map_err(|e| Error::Regex { pattern: pattern.to_owned(), message: e.to_string() })?;
+        let regex = fancy_regex::Regex::new(pattern).map_err(|e| Error::Regex {
+            pattern: pattern.to_owned(),
+            message: e.to_string(),
+        })?;
         Ok(Pattern { regex })
     }
 

@@ -18,9 +18,18 @@ pub(crate) enum Behavior {
 
 #[derive(Debug)]
 pub(crate) enum PreTokenizer {
-    ByteLevel { add_prefix_space: bool, use_regex: bool },
-    Split { pattern: Pattern, behavior: Behavior, invert: bool },
-    Digits { individual: bool },
+    ByteLevel {
+        add_prefix_space: bool,
+        use_regex: bool,
+    },
+    Split {
+        pattern: Pattern,
+        behavior: Behavior,
+        invert: bool,
+    },
+    Digits {
+        individual: bool,
+    },
 }
 
 static GPT2: LazyLock<Option<Pattern>> = LazyLock::new(|| Pattern::regex(GPT2_REGEX).ok());
@@ -39,7 +48,10 @@ fn run(pts: &[PreTokenizer], piece: &str, emit: &mut dyn FnMut(&str)) {
         return;
     };
     match first {
-        PreTokenizer::ByteLevel { add_prefix_space, use_regex } => {
+        PreTokenizer::ByteLevel {
+            add_prefix_space,
+            use_regex,
+        } => {
             let owned;
             let s = if *add_prefix_space && !piece.starts_with(' ') {
                 owned = format!(" {piece}");
@@ -57,7 +69,12 @@ fn run(pts: &[PreTokenizer], piece: &str, emit: &mut dyn FnMut(&str)) {
                 run(rest, &buf, emit);
             };
             if *use_regex {
-                let ranges = split(GPT2.as_ref().map(Pieces::Regex), s, Behavior::Isolated, false);
+                let ranges = split(
+                    GPT2.as_ref().map(Pieces::Regex),
+                    s,
+                    Behavior::Isolated,
+                    false,
+                );
                 for (a, b) in ranges {
                     map(&s[a..b]);
                 }
@@ -65,7 +82,11 @@ fn run(pts: &[PreTokenizer], piece: &str, emit: &mut dyn FnMut(&str)) {
                 map(s);
             }
         }
-        PreTokenizer::Split { pattern, behavior, invert } => {
+        PreTokenizer::Split {
+            pattern,
+            behavior,
+            invert,
+        } => {
             for (a, b) in split(Some(Pieces::Regex(pattern)), piece, *behavior, *invert) {
                 if a < b {
                     run(rest, &piece[a..b], emit);
@@ -73,7 +94,11 @@ fn run(pts: &[PreTokenizer], piece: &str, emit: &mut dyn FnMut(&str)) {
             }
         }
         PreTokenizer::Digits { individual } => {
-            let behavior = if *individual { Behavior::Isolated } else { Behavior::Contiguous };
+            let behavior = if *individual {
+                Behavior::Isolated
+            } else {
+                Behavior::Contiguous
+            };
             for (a, b) in split(Some(Pieces::Numeric), piece, behavior, false) {
                 if a < b {
                     run(rest, &piece[a..b], emit);
@@ -93,7 +118,9 @@ enum Pieces<'a> {
 fn find_matches(pieces: Option<Pieces<'_>>, text: &str, invert: bool) -> Vec<(usize, usize, bool)> {
     let mut out = Vec::new();
     match pieces {
-        Some(Pieces::Regex(p)) => p.for_each_range(text, &mut |a, b, m| out.push((a, b, m != invert))),
+        Some(Pieces::Regex(p)) => {
+            p.for_each_range(text, &mut |a, b, m| out.push((a, b, m != invert)))
+        }
         Some(Pieces::Numeric) => {
             if text.is_empty() {
                 out.push((0, 0, invert));
@@ -119,7 +146,12 @@ fn find_matches(pieces: Option<Pieces<'_>>, text: &str, invert: bool) -> Vec<(us
 }
 
 /// The ranges `NormalizedString::split` keeps, in order.
-fn split(pieces: Option<Pieces<'_>>, text: &str, behavior: Behavior, invert: bool) -> Vec<(usize, usize)> {
+fn split(
+    pieces: Option<Pieces<'_>>,
+    text: &str,
+    behavior: Behavior,
+    invert: bool,
+) -> Vec<(usize, usize)> {
     let matches = find_matches(pieces, text, invert);
     let mut acc: Vec<(usize, usize)> = Vec::with_capacity(matches.len());
     match behavior {

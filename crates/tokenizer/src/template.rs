@@ -39,7 +39,9 @@ fn template_err(e: impl std::fmt::Display) -> Error {
 fn special_token(v: &serde_json::Value) -> Option<String> {
     match v {
         serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
+        serde_json::Value::Object(o) => {
+            o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+        }
         _ => None,
     }
 }
@@ -54,14 +56,25 @@ impl ChatTemplate {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Array(list)) => {
-                let found = list.iter().find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
-                match found.and_then(|t| t.get("template")).and_then(|t| t.as_str()) {
+                let found = list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
+                match found
+                    .and_then(|t| t.get("template"))
+                    .and_then(|t| t.as_str())
+                {
                     Some(s) => s.to_owned(),
-                    None => return Err(Error::Template("chat_template list has no template named \"default\"".into())),
+                    None => {
+                        return Err(Error::Template(
+                            "chat_template list has no template named \"default\"".into(),
+                        ));
+                    }
                 }
             }
             Some(other) => {
-                return Err(Error::Template(format!("chat_template is {other}, expected a string or a list")));
+                return Err(Error::Template(format!(
+                    "chat_template is {other}, expected a string or a list"
+                )));
             }
         };
         let mut special = BTreeMap::new();
@@ -74,7 +87,10 @@ impl ChatTemplate {
     }
 
     /// A template from its source and the special tokens it may refer to.
-    pub fn new(source: String, special: BTreeMap<&'static str, String>) -> Result<ChatTemplate, Error> {
+    pub fn new(
+        source: String,
+        special: BTreeMap<&'static str, String>,
+    ) -> Result<ChatTemplate, Error> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -83,17 +99,25 @@ impl ChatTemplate {
             .build()
             .map_err(template_err)?;
         env.set_syntax(syntax);
-        env.add_function("raise_exception", |message: String| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_filter("tojson", tojson);
-        env.add_template_owned("chat", source).map_err(template_err)?;
+        env.add_template_owned("chat", source)
+            .map_err(template_err)?;
         Ok(ChatTemplate { env, special })
     }
 
     /// Renders a conversation, as `apply_chat_template(messages, tokenize=False,
     /// add_generation_prompt=…)` does.
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String, Error> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
         let tmpl = self.env.get_template("chat").map_err(template_err)?;
         let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
         for (k, v) in &self.special {
@@ -101,15 +125,16 @@ impl ChatTemplate {
         }
         ctx.insert("messages", Value::from(minijinja::value::Serde(messages)));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx))).map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            Error::Template(msg)
-        })
+        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
+            .map_err(|e| {
+                let mut msg = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                Error::Template(msg)
+            })
     }
 }
 
@@ -124,17 +149,36 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
     let (item_sep, key_sep) = match separators.as_deref() {
         Some([a, b]) => (a.clone(), b.clone()),
         Some(_) => {
-            return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "separators must be a pair"));
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "separators must be a pair",
+            ));
         }
         None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
         None => (", ".to_owned(), ": ".to_owned()),
     };
     let mut out = String::new();
-    dump(&json, &mut out, indent, 0, &item_sep, &key_sep, sort_keys.unwrap_or(false));
+    dump(
+        &json,
+        &mut out,
+        indent,
+        0,
+        &item_sep,
+        &key_sep,
+        sort_keys.unwrap_or(false),
+    );
     Ok(Value::from_safe_string(out))
 }
 
-fn dump(v: &serde_json::Value, out: &mut String, indent: Option<usize>, level: usize, item_sep: &str, key_sep: &str, sort: bool) {
+fn dump(
+    v: &serde_json::Value,
+    out: &mut String,
+    indent: Option<usize>,
+    level: usize,
+    item_sep: &str,
+    key_sep: &str,
+    sort: bool,
+) {
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
             out.push('\n');

@@ -18,14 +18,20 @@ const ERR_CASES: &[(&str, &[&str])] = &[
     ("model-wordlevel", &["model WordLevel"]),
     ("bpe-byte-fallback", &["byte_fallback", "SentencePiece"]),
     ("bpe-dropout", &["dropout"]),
-    ("bpe-continuing-subword-prefix", &["continuing_subword_prefix"]),
+    (
+        "bpe-continuing-subword-prefix",
+        &["continuing_subword_prefix"],
+    ),
     ("pre-tokenizer-metaspace", &["pre-tokenizer Metaspace"]),
     ("decoder-metaspace", &["decoder Metaspace"]),
     ("decoder-wordpiece", &["decoder WordPiece"]),
     ("normalizer-lowercase", &["normalizer Lowercase"]),
     ("normalizer-nfkc-in-sequence", &["normalizer NFKC"]),
     ("pre-tokenizer-whitespace", &["pre-tokenizer Whitespace"]),
-    ("pre-tokenizer-punctuation-in-sequence", &["pre-tokenizer Punctuation"]),
+    (
+        "pre-tokenizer-punctuation-in-sequence",
+        &["pre-tokenizer Punctuation"],
+    ),
     ("post-processor-bert", &["post-processor BertProcessing"]),
     ("truncation", &["truncation"]),
 ];
@@ -43,7 +49,10 @@ fn err_cases_are_refused_by_name() {
         v.sort();
         v
     };
-    assert_eq!(files, listed, "every err/ file has an expected error, and every expected error a file");
+    assert_eq!(
+        files, listed,
+        "every err/ file has an expected error, and every expected error a file"
+    );
     for (name, words) in ERR_CASES {
         let bytes = std::fs::read(dir.join(format!("{name}.json"))).expect("read");
         assert!(
@@ -67,21 +76,29 @@ fn err_cases_are_refused_by_name() {
 fn the_base_of_the_err_cases_loads() {
     // The err files are this file with one component changed: it must load, or the refusals
     // above could come from elsewhere.
-    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ok/base.json")).expect("read");
+    let bytes = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ok/base.json"))
+        .expect("read");
     let tok = Tokenizer::from_json(&bytes).expect("base loads");
     let oracle = tokenizers::Tokenizer::from_bytes(&bytes).expect("oracle");
     for s in ["ab", "a b", "abab", "ba", ""] {
-        assert_eq!(tok.encode(s, true), oracle.encode(s, true).expect("oracle").get_ids(), "{s:?}");
+        assert_eq!(
+            tok.encode(s, true),
+            oracle.encode(s, true).expect("oracle").get_ids(),
+            "{s:?}"
+        );
     }
 }
 
 fn corpus() -> Vec<String> {
-    serde_json::from_slice(&std::fs::read(root().join("fixtures/tokenizers/corpus.json")).expect("corpus"))
-        .expect("corpus.json")
+    serde_json::from_slice(
+        &std::fs::read(root().join("fixtures/tokenizers/corpus.json")).expect("corpus"),
+    )
+    .expect("corpus.json")
 }
 
 fn same_as_oracle(name: &str) {
-    let bytes = std::fs::read(root().join(format!("fixtures/tokenizers/{name}/tokenizer.json"))).expect("read");
+    let bytes = std::fs::read(root().join(format!("fixtures/tokenizers/{name}/tokenizer.json")))
+        .expect("read");
     let ours = Tokenizer::from_json(&bytes).expect("ours");
     let oracle = tokenizers::Tokenizer::from_bytes(&bytes).expect("oracle");
     let mut bad = Vec::new();
@@ -94,7 +111,12 @@ fn same_as_oracle(name: &str) {
             bad.push(format!("{s:?}: decode differs"));
         }
     }
-    assert!(bad.is_empty(), "{name}: {} differences:\n{}", bad.len(), bad[..bad.len().min(8)].join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{name}: {} differences:\n{}",
+        bad.len(),
+        bad[..bad.len().min(8)].join("\n")
+    );
 }
 
 #[test]
@@ -114,15 +136,22 @@ fn variants_fixture_matches_oracle() {
 
 #[test]
 fn decode_refuses_unknown_ids() {
-    let bytes = std::fs::read(root().join("fixtures/tokenizers/gpt2/tokenizer.json")).expect("read");
+    let bytes =
+        std::fs::read(root().join("fixtures/tokenizers/gpt2/tokenizer.json")).expect("read");
     let tok = Tokenizer::from_json(&bytes).expect("gpt2");
     assert_eq!(tok.vocab_size(), 50257);
     match tok.decode(&[31373, 50257], false) {
-        Err(Error::UnknownId { id: 50257, vocab_size: 50257 }) => {}
+        Err(Error::UnknownId {
+            id: 50257,
+            vocab_size: 50257,
+        }) => {}
         other => panic!("expected UnknownId for 50257, got {other:?}"),
     }
     assert_eq!(tok.decode(&[31373, 50256], true).expect("decode"), "hello");
-    assert_eq!(tok.decode(&[31373, 50256], false).expect("decode"), "hello<|endoftext|>");
+    assert_eq!(
+        tok.decode(&[31373, 50256], false).expect("decode"),
+        "hello<|endoftext|>"
+    );
     assert_eq!(tok.token_to_id("<|endoftext|>"), Some(50256));
     assert!(tok.is_special_id(50256));
 }
@@ -130,12 +159,24 @@ fn decode_refuses_unknown_ids() {
 #[test]
 fn chat_template_errors_and_specials() {
     let cfg = br#"{"chat_template": "{% if messages|length == 0 %}{{ raise_exception('no messages') }}{% endif %}{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content|tojson }}\n{% endfor %}", "bos_token": {"content": "<s>"}}"#;
-    let t = ChatTemplate::from_tokenizer_config(cfg).expect("parse").expect("has template");
-    let m = [Message { role: "user".into(), content: "héllo \"x\"".into() }];
-    assert_eq!(t.render(&m, false).expect("render"), "<s>user: \"héllo \\\"x\\\"\"\n");
+    let t = ChatTemplate::from_tokenizer_config(cfg)
+        .expect("parse")
+        .expect("has template");
+    let m = [Message {
+        role: "user".into(),
+        content: "héllo \"x\"".into(),
+    }];
+    assert_eq!(
+        t.render(&m, false).expect("render"),
+        "<s>user: \"héllo \\\"x\\\"\"\n"
+    );
     match t.render(&[], false) {
         Err(Error::Template(msg)) => assert!(msg.contains("no messages"), "{msg}"),
         other => panic!("expected the template's exception, got {other:?}"),
     }
-    assert!(ChatTemplate::from_tokenizer_config(b"{}").expect("parse").is_none());
+    assert!(
+        ChatTemplate::from_tokenizer_config(b"{}")
+            .expect("parse")
+            .is_none()
+    );
 }
