@@ -57,6 +57,9 @@ pub enum Error {
     /// The weights handle was uploaded by another backend (another device).
     #[error("weights {id} belong to another gpu backend, expected weights uploaded by this one")]
     ForeignWeights { id: u64 },
+    /// `--backend` named something else.
+    #[error("unknown backend {got:?}, expected auto, cpu or gpu")]
+    UnknownBackend { got: String },
     /// A layer index beyond the stage.
     #[error("layer {layer} is out of range, expected below {layers}")]
     LayerOutOfRange { layer: usize, layers: usize },

@@ -12,7 +12,8 @@ use daisy_gemm_int8::{
     reference_i32, seeded_matrix,
 };
 use daisy_wgsl::{
-    DOT4_PACKED_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel, LayerResidency, MatrixShape,
+    BackendChoice, DOT4_PACKED_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel, LayerResidency,
+    MatrixShape, select,
 };
 
 fn in_ci() -> bool {
@@ -429,4 +430,66 @@ fn the_streamed_run_equals_the_all_resident_run() {
         stale != all_resident,
         "a stale-layer stream was not told apart"
     );
+}
+
+#[test]
+fn backend_choices_parse_and_select() {
+    assert_eq!("gpu".parse::<BackendChoice>().unwrap(), BackendChoice::Gpu);
+    let err = "cuda".parse::<BackendChoice>().unwrap_err();
+    assert!(matches!(err, Error::UnknownBackend { .. }), "{err}");
+
+    let cpu = select(BackendChoice::Cpu).unwrap();
+    assert!(cpu.backend.name().starts_with("cpu"), "{}", cpu.reason);
+    assert_eq!(cpu.adapter, None);
+
+    if open(Kernel::Auto).is_none() {
+        return;
+    }
+    let gpu = select(BackendChoice::Gpu).unwrap();
+    assert!(gpu.backend.name().starts_with("wgpu:"));
+    assert!(gpu.adapter.is_some());
+    let auto = select(BackendChoice::Auto).unwrap();
+    eprintln!("{}", auto.reason);
+    assert!(auto.reason.starts_with("auto: chose "), "{}", auto.reason);
+}
+
+/// Set in the child process that [`gpu_never_falls_back`] starts with no usable adapter.
+const NO_ADAPTER_CHILD: &str = "DAISY_WGSL_NO_ADAPTER_CHILD";
+
+#[test]
+fn gpu_never_falls_back() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "no_adapter_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(NO_ADAPTER_CHILD, "1")
+        .env("WGPU_BACKEND", "gl") // not compiled in: no adapter at all
+        .env_remove("WGPU_ADAPTER_NAME")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the child failed: {stderr}");
+    assert!(
+        stderr.contains("child checked"),
+        "the child did not run: {stderr}"
+    );
+}
+
+/// Runs only inside [`gpu_never_falls_back`]'s child, where no adapter exists.
+#[test]
+fn no_adapter_child() {
+    if std::env::var(NO_ADAPTER_CHILD).is_err() {
+        return;
+    }
+    let err = select(BackendChoice::Gpu).unwrap_err();
+    assert!(matches!(err, Error::NoAdapter { .. }), "{err}");
+    let auto = select(BackendChoice::Auto).unwrap();
+    assert!(auto.backend.name().starts_with("cpu"), "{}", auto.reason);
+    assert!(auto.reason.contains("gpu is unusable"), "{}", auto.reason);
+    eprintln!("child checked: {}", auto.reason);
 }
