@@ -180,8 +180,13 @@ impl LayerResidency {
             .map(|(_, w)| w.as_slice())
     }
 
-    /// The streaming step before running `layer`: makes it live and starts the upload of
-    /// `layer + 1`, which proceeds while `layer` runs. Returns `layer`'s device weights.
+    /// The streaming step before running `layer`: makes it live and queues the upload of
+    /// `layer + 1`. Returns `layer`'s device weights.
+    ///
+    /// The upload does not block the host: `wgpu` copies the bytes into a staging buffer at once and
+    /// the device copy runs on the queue ahead of `layer`'s first GEMM, so the host goes on preparing
+    /// `layer`'s inputs meanwhile. (wgpu exposes one queue, so the device-side copy and `layer`'s
+    /// kernels do not run concurrently.)
     pub fn begin(&mut self, layer: usize) -> Result<&[Arc<GpuWeights>]> {
         self.acquire(layer)?;
         if layer + 1 < self.layers.len() {
