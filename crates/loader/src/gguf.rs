@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::gguf_tokenizer::{tokenizer_config_json, tokenizer_json};
 use crate::{ByteSource, Error, widen_bf16, widen_f16};
 
 /// A metadata value.

@@ -37,7 +37,7 @@ fn byte_level(add_prefix_space: bool, trim_offsets: bool, use_regex: bool) -> Js
 }
 
 /// Build `tokenizer.json` bytes from the GGUF tokenizer metadata.
-pub(crate) fn tokenizer_json(g: &GgufFile) -> Result<Vec<u8>, Error> {
+pub fn tokenizer_json(g: &GgufFile) -> Result<Vec<u8>, Error> {
     let model = g
         .metadata
         .get("tokenizer.ggml.model")
@@ -146,7 +146,7 @@ pub(crate) fn tokenizer_json(g: &GgufFile) -> Result<Vec<u8>, Error> {
 
 /// `{"chat_template", "bos_token", "eos_token", …}` from the GGUF metadata, or `None` when the file
 /// carries no chat template.
-pub(crate) fn tokenizer_config_json(g: &GgufFile) -> Result<Option<Vec<u8>>, Error> {
+pub fn tokenizer_config_json(g: &GgufFile) -> Result<Option<Vec<u8>>, Error> {
     let Some(template) = g.metadata.get("tokenizer.chat_template") else {
         return Ok(None);
     };

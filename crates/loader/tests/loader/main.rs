@@ -3,6 +3,7 @@
 
 mod cache;
 mod corpus;
+mod gguf_tokenizer;
 mod smollm2;
 mod tiny;
 mod widen;
