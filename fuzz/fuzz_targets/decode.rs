@@ -2,9 +2,7 @@
 //! may panic; whatever decodes must re-encode to a message that decodes to itself.
 #![no_main]
 
-use daisy_wire::{
-    Fingerprint, Frame, Reassembler, decode, decode_for, encode, split,
-};
+use daisy_wire::{Fingerprint, Frame, Reassembler, decode, decode_for, encode, split};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -35,7 +33,10 @@ fuzz_target!(|data: &[u8]| {
     let mut r = Reassembler::default();
     let mut out = None;
     for f in frames.iter().rev() {
-        out = r.push(&f.to_bytes()).expect("valid frames are accepted").or(out);
+        out = r
+            .push(&f.to_bytes())
+            .expect("valid frames are accepted")
+            .or(out);
     }
     assert_eq!(out.as_deref(), Some(data));
 });

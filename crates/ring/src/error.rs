@@ -25,7 +25,7 @@ pub enum Error {
     TooSlow { seconds: f64, budget: f64 },
     #[error(transparent)]
     Wire(#[from] daisy_wire::Error),
-    #[error("hop {hop} is past the end of a lap of {stages} stages (the return is hop {stages})")]
+    #[error("hop {hop} is past the end of a lap of {stages} stages, whose last hop (the return) is {}", stages.saturating_sub(1))]
     HopBeyondLap { hop: usize, stages: usize },
     #[error("route sent hop {hop} to stage {stage}, but the plan has {stages} stages")]
     NoSuchStage {

@@ -51,10 +51,12 @@ fn walk_lap_visits_each_stage_once_and_ends_for_every_plan_shape() {
                 let visits = walk_lap(&plan).unwrap_or_else(|e| panic!("{plan}: {e}"));
                 assert_eq!(visits.len(), plan.len());
                 for (i, v) in visits.iter().enumerate() {
-                    assert_eq!((v.hop, v.stage), (i, i));
+                    // The head at the lap start, then stage i delivered by hop i - 1.
+                    assert_eq!((v.hop, v.stage), (i.checked_sub(1), i));
                     assert_eq!(v.layers, plan.stages()[i].layers);
                 }
-                assert_eq!(route(&plan, plan.len()).unwrap(), Next::Return);
+                assert_eq!(route(&plan, plan.len() - 1).unwrap(), Next::Return);
+                assert!(route(&plan, plan.len()).is_err());
                 shapes += 1;
             }
         }
@@ -62,6 +64,7 @@ fn walk_lap_visits_each_stage_once_and_ends_for_every_plan_shape() {
     // Includes heads with no layers ([0, n]) and the unsplit run ([n]).
     assert!(shapes > 200, "{shapes}");
     assert!(walk_lap(&Plan::from_counts(&[0, 15, 15], 30).unwrap()).is_ok());
+    assert!(walk_lap(&Plan::from_counts(&[1, 14, 15], 30).unwrap()).is_ok());
     assert!(walk_lap(&Plan::from_counts(&[5, 5, 5, 5, 5, 5], 30).unwrap()).is_ok());
 }
 
@@ -73,7 +76,7 @@ fn stage_zero_for_both_start_and_return_fails_walk_lap() {
                 assert_eq!(
                     walk_lap_with(&plan, stage0_for_both),
                     Err(Error::Revisit {
-                        hop: plan.len(),
+                        hop: plan.len() - 1,
                         stage: 0
                     }),
                     "{plan}"
@@ -88,21 +91,21 @@ fn other_broken_routers_fail_walk_lap() {
     let plan = Plan::from_counts(&[10, 10, 10], 30).unwrap();
     // Skips stage 1.
     let skip = |p: &Plan, hop: usize| match hop {
-        1 => Ok(Next::Stage(2)),
-        2 => Ok(Next::Return),
+        0 => Ok(Next::Stage(2)),
+        1 => Ok(Next::Return),
         _ => route(p, hop),
     };
     assert!(matches!(
         walk_lap_with(&plan, skip),
         Err(Error::LayersOutOfOrder {
-            hop: 1,
+            hop: 0,
             stage: 2,
             ..
         })
     ));
     // Returns before the last stage.
     let early = |p: &Plan, hop: usize| {
-        if hop == 2 {
+        if hop == 1 {
             Ok(Next::Return)
         } else {
             route(p, hop)
@@ -111,45 +114,49 @@ fn other_broken_routers_fail_walk_lap() {
     assert_eq!(
         walk_lap_with(&plan, early),
         Err(Error::ReturnedEarly {
-            hop: 2,
+            hop: 1,
             missing: vec![2]
         })
     );
     // Goes round and round.
-    let circle = |p: &Plan, hop: usize| Ok(Next::Stage(hop % p.len()));
+    let circle = |p: &Plan, hop: usize| Ok(Next::Stage((hop + 1) % p.len()));
     assert_eq!(
         walk_lap_with(&plan, circle),
-        Err(Error::Revisit { hop: 3, stage: 0 })
+        Err(Error::Revisit { hop: 2, stage: 0 })
     );
     // Sends the return to a stage that does not exist.
-    let past = |_: &Plan, hop: usize| Ok(Next::Stage(hop));
+    let past = |_: &Plan, hop: usize| Ok(Next::Stage(hop + 1));
     assert_eq!(
         walk_lap_with(&plan, past),
         Err(Error::NoSuchStage {
-            hop: 3,
+            hop: 2,
             stage: 3,
             stages: 3
         })
     );
     // Stages in reverse.
     let reverse = |p: &Plan, hop: usize| match route(p, hop)? {
-        Next::Stage(i) => Ok(Next::Stage(p.len() - 1 - i)),
+        Next::Stage(i) => Ok(Next::Stage(p.len() - i)),
         Next::Return => Ok(Next::Return),
     };
     assert!(matches!(
         walk_lap_with(&plan, reverse),
-        Err(Error::LayersOutOfOrder { hop: 0, .. })
+        Err(Error::LayersOutOfOrder {
+            hop: 0,
+            stage: 2,
+            ..
+        })
     ));
 }
 
 #[test]
 fn hops_past_the_return_are_refused() {
     let plan = Plan::from_counts(&[10, 20], 30).unwrap();
-    assert_eq!(route(&plan, 0).unwrap(), Next::Stage(0));
-    assert_eq!(route(&plan, 2).unwrap(), Next::Return);
+    assert_eq!(route(&plan, 0).unwrap(), Next::Stage(1));
+    assert_eq!(route(&plan, 1).unwrap(), Next::Return);
     assert_eq!(
-        route(&plan, 3),
-        Err(Error::HopBeyondLap { hop: 3, stages: 2 })
+        route(&plan, 2),
+        Err(Error::HopBeyondLap { hop: 2, stages: 2 })
     );
     assert_eq!(
         route(&plan, usize::MAX),
@@ -158,16 +165,23 @@ fn hops_past_the_return_are_refused() {
             stages: 2
         })
     );
+    // The unsplit run: hop 0 is already the return.
+    let single = Plan::from_counts(&[30], 30).unwrap();
+    assert_eq!(route(&single, 0).unwrap(), Next::Return);
+    assert_eq!(
+        walk_lap_with(&single, stage0_for_both),
+        Err(Error::Revisit { hop: 0, stage: 0 })
+    );
 }
 
 #[test]
 fn a_lap_through_the_wire_reaches_each_stage_then_returns() {
-    // What `node run --stages 0,15,15` does in one process: each hop's activation is encoded,
-    // decoded against the fingerprint, and routed by its hop.
+    // What `node run --stages 0,15,15` does in one process: after the head's own layers, each hop's
+    // activation is encoded, decoded against the fingerprint, and routed by its hop.
     let plan = Plan::from_counts(&[0, 15, 15], 30).unwrap();
     let fingerprint = Fingerprint([7; 32]);
     let mut consumers = Vec::new();
-    for hop in 0..=plan.len() {
+    for hop in 0..plan.len() {
         let act = Activation::new(
             1,
             0,
@@ -179,16 +193,15 @@ fn a_lap_through_the_wire_reaches_each_stage_then_returns() {
             fingerprint,
         )
         .unwrap();
-        let Message::Activation(got) =
-            decode_for(&encode(&Message::Activation(act)), &fingerprint).unwrap()
-        else {
+        let bytes = encode(&Message::Activation(act));
+        let Message::Activation(got) = decode_for(&bytes, &fingerprint).unwrap() else {
             panic!("not an activation");
         };
         consumers.push(route(&plan, got.hop()).unwrap());
     }
     assert_eq!(
         consumers,
-        vec![Next::Stage(0), Next::Stage(1), Next::Stage(2), Next::Return]
+        vec![Next::Stage(1), Next::Stage(2), Next::Return]
     );
 }
 
@@ -206,6 +219,9 @@ proptest! {
         let visits = walk_lap(&plan).unwrap();
         prop_assert_eq!(visits.len(), counts.len());
         prop_assert_eq!(visits.last().map(|v| v.layers.end), Some(n));
-        prop_assert_eq!(walk_lap_with(&plan, stage0_for_both), Err(Error::Revisit { hop: plan.len(), stage: 0 }));
+        prop_assert_eq!(
+            walk_lap_with(&plan, stage0_for_both),
+            Err(Error::Revisit { hop: plan.len() - 1, stage: 0 })
+        );
     }
 }

@@ -401,7 +401,8 @@ impl Activation {
         self.lap
     }
 
-    /// The hop within the lap; `ring::route(plan, hop)` names who consumes it.
+    /// The hop within the lap: hop `h` carries what stage `h` produced, and
+    /// `daisy_ring::route(plan, hop)` names who consumes it (the next stage, or the head's return).
     pub fn hop(&self) -> usize {
         self.hop
     }
