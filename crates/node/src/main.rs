@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show a checkpoint's config, tensor table, bytes per layer and tying; validates without computing.
+    Inspect(cmd::inspect::Args),
     /// Serve local model folders with the Hub's URL layout and range support (a LAN mirror).
     Mirror(cmd::mirror::Args),
     /// Generate from a prompt, the split of `--stages` played in one process through the real wire.
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Inspect(args) => cmd::inspect::run(args),
         Command::Mirror(args) => cmd::mirror::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Score(args) => cmd::score::run(args),
