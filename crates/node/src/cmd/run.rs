@@ -204,6 +204,7 @@ pub(crate) fn open(model: &str) -> anyhow::Result<Opened> {
     let checkpoint = Checkpoint::open(model).with_context(|| format!("opening model {model}"))?;
     let config =
         Config::from_loader(checkpoint.config()).with_context(|| format!("model {model}"))?;
+    checkpoint.check_values()?;
     let tokenizer = super::tokenize::load_tokenizer(&checkpoint)?;
     if tokenizer.vocab_size() > config.vocab_size {
         bail!(

@@ -1,0 +1,304 @@
+//! `node run` and `node score` run as a user would: refusals before computing (the loader's and the
+//! tokenizer's refusal corpora, bad splits, a GPU backend that is not built), and the JSON of a real
+//! run and score compared with the `transformers` goldens of the tiny fixtures.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn node(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(args)
+        .output()
+        .expect("node runs")
+}
+
+/// Refused as DESIGN.md §5 says: non-zero exit, nothing on stdout, one `error: …` line on stderr.
+fn refused(out: &Output) -> Result<String, String> {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+    if out.status.success() || out.status.code().is_none() {
+        return Err(format!("status {:?}, stderr {stderr:?}", out.status));
+    }
+    if !out.stdout.is_empty() {
+        return Err(format!(
+            "printed to stdout: {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    if lines.len() != 1 || !lines[0].starts_with("error: ") {
+        return Err(format!("expected one `error:` line, got {stderr:?}"));
+    }
+    Ok(lines[0].to_string())
+}
+
+fn last_json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "node failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON on the last line")
+}
+
+fn golden(name: &str) -> Value {
+    let bytes =
+        std::fs::read(root().join(format!("fixtures/goldens/{name}.json"))).expect("golden");
+    serde_json::from_slice(&bytes).expect("golden JSON")
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id"))
+        .collect()
+}
+
+#[test]
+fn loader_refusal_corpus_is_refused_before_computing() {
+    let dir = root().join("crates/loader/tests/err");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("err corpus")
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    let mut faults = Vec::new();
+    let mut seen = 0;
+    for case in cases.into_iter().filter(|p| p.is_dir()) {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let expect = std::fs::read_to_string(case.join("expect")).unwrap_or_default();
+        let expect = expect.trim_end_matches('\n');
+        if expect.is_empty() {
+            continue; // an unmutated base
+        }
+        seen += 1;
+        let model = if case.join("model.gguf").is_file() {
+            case.join("model.gguf")
+        } else {
+            case.clone()
+        };
+        let model = model.to_string_lossy().into_owned();
+        for args in [
+            vec![
+                "run",
+                "--model",
+                &model,
+                "--prompt",
+                "hi",
+                "--max-new-tokens",
+                "1",
+            ],
+            vec!["score", "--model", &model, "--text", "hi there"],
+        ] {
+            match refused(&node(&args)) {
+                Ok(line) if line.contains(expect) => {}
+                Ok(line) => faults.push(format!(
+                    "{name} ({}): {line:?} does not contain {expect:?}",
+                    args[0]
+                )),
+                Err(e) => faults.push(format!("{name} ({}): {e}", args[0])),
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} refusal cases found");
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
+}
+
+/// A copy of the tiny llama fixture whose `tokenizer.json` is `tokenizer`.
+fn llama_with_tokenizer(tmp: &Path, tokenizer: &[u8]) -> PathBuf {
+    let src = root().join("fixtures/tiny/llama");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, tmp.join(f.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(tmp.join("tokenizer.json"), tokenizer).unwrap();
+    tmp.to_path_buf()
+}
+
+#[test]
+fn tokenizer_refusal_corpus_is_refused_before_computing() {
+    let dir = root().join("crates/tokenizer/tests/err");
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("err corpus")
+        .map(|e| e.unwrap().path())
+        .collect();
+    cases.sort();
+    let mut faults = Vec::new();
+    // The control: the unchanged copy runs (so a refusal below comes from the tokenizer).
+    let ok = tempfile::tempdir().unwrap();
+    let own = std::fs::read(root().join("fixtures/tiny/llama/tokenizer.json")).unwrap();
+    let m = llama_with_tokenizer(ok.path(), &own);
+    let out = node(&[
+        "run",
+        "--model",
+        &m.to_string_lossy(),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "1",
+    ]);
+    assert!(
+        out.status.success(),
+        "the control failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for case in cases
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+    {
+        let name = case.file_name().unwrap().to_string_lossy().into_owned();
+        let tmp = tempfile::tempdir().unwrap();
+        let m = llama_with_tokenizer(tmp.path(), &std::fs::read(&case).unwrap());
+        let m = m.to_string_lossy().into_owned();
+        for args in [
+            vec![
+                "run",
+                "--model",
+                &m,
+                "--prompt",
+                "hi",
+                "--max-new-tokens",
+                "1",
+            ],
+            vec!["score", "--model", &m, "--text", "hi there"],
+        ] {
+            match refused(&node(&args)) {
+                Ok(line) if line.contains("tokenizer") => {}
+                Ok(line) => faults.push(format!(
+                    "{name} ({}): {line:?} does not name the tokenizer",
+                    args[0]
+                )),
+                Err(e) => faults.push(format!("{name} ({}): {e}", args[0])),
+            }
+        }
+    }
+    assert!(faults.is_empty(), "{}", faults.join("\n"));
+}
+
+#[test]
+fn bad_requests_are_refused_in_one_line() {
+    let m = root().join("fixtures/tiny/llama");
+    let m = m.to_string_lossy();
+    for (args, words) in [
+        (vec!["--stages", "2,2,2"], "layers"),
+        (vec!["--stages", "1,0,3"], "stage 1 holds no layers"),
+        (vec!["--backend", "gpu"], "no GPU backend"),
+        (vec!["--precision", "fp16"], "precision"),
+        (vec!["--path", "sideways"], "path"),
+    ] {
+        let mut all = vec![
+            "run",
+            "--model",
+            &m,
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "1",
+        ];
+        all.extend(args.iter());
+        match refused(&node(&all)) {
+            Ok(line) => assert!(
+                line.contains(words),
+                "{args:?}: {line:?} does not say {words:?}"
+            ),
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+}
+
+/// `node run --format json` over a split, against the golden greedy ids (up to the first near-tie).
+fn run_matches_golden(model: &str, golden_of: &str) -> Result<(), String> {
+    let g = golden(golden_of);
+    let p = &g["prompts"][0];
+    let m = root().join("fixtures/tiny").join(model);
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(m.join("config.json")).unwrap()).unwrap();
+    let layers = cfg
+        .get("num_hidden_layers")
+        .or(cfg.get("n_layer"))
+        .and_then(Value::as_u64)
+        .unwrap();
+    let stages = format!("1,1,{}", layers - 2);
+    let out = node(&[
+        "run",
+        "--model",
+        &m.to_string_lossy(),
+        "--prompt",
+        p["text"].as_str().unwrap(),
+        "--precision",
+        "f32",
+        "--stages",
+        &stages,
+        "--max-new-tokens",
+        "8",
+        "--ignore-eos",
+        "--path",
+        "full-window",
+        "--verify",
+        "--format",
+        "json",
+    ]);
+    let j = last_json(&out);
+    for key in [
+        "prompt_ids",
+        "ids",
+        "text",
+        "plan",
+        "fingerprint",
+        "backend",
+        "hops",
+        "laps",
+        "verify",
+        "timings",
+    ] {
+        if j.get(key).is_none() {
+            return Err(format!("JSON lacks `{key}`"));
+        }
+    }
+    if ids(&j["prompt_ids"]) != ids(&p["input_ids"]) {
+        return Err(format!(
+            "prompt ids {} vs golden {}",
+            j["prompt_ids"], p["input_ids"]
+        ));
+    }
+    if j["hops"].as_array().map(Vec::len) != Some(3)
+        || j["laps"] != 8
+        || j["verify"]["ids_equal"] != true
+    {
+        return Err(format!(
+            "hops {} laps {} verify {}",
+            j["hops"], j["laps"], j["verify"]
+        ));
+    }
+    let want = ids(&p["f32"]["greedy_ids"]);
+    let margins: Vec<f64> = p["f32"]["greedy_margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let tie = margins.iter().position(|&m| m < 1e-3).unwrap_or(8).min(8);
+    let got = ids(&j["ids"]);
+    if got[..tie] != want[..tie] {
+        return Err(format!("ids {got:?}, golden {:?}", &want[..8]));
+    }
+    Ok(())
+}
+
+#[test]
+fn run_json_over_a_split_matches_the_goldens() {
+    run_matches_golden("llama", "llama").unwrap();
+    run_matches_golden("qwen2", "qwen2").unwrap();
+    // Mutation: the same request against another model's golden must fail.
+    assert!(
+        run_matches_golden("mistral", "llama").is_err(),
+        "mistral's run matched llama's golden"
+    );
+}
