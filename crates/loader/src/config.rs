@@ -312,41 +312,29 @@ fn llama_family(f: &Fields<'_>, model_type: &str) -> Result<ModelConfig, Error> 
         Some(t) => t,
         None => params_theta.unwrap_or(10_000.0),
     };
+    // As transformers resolves it: Qwen2 drops the window unless `use_sliding_window`, and
+    // `layer_types` (when present) decides which layers use it; Mistral applies `sliding_window`
+    // to every layer (it ignores `layer_types`); Llama has none.
     let window = f.usize("sliding_window")?;
-    let sliding_window = if let Some(types) = f.get("layer_types") {
-        let items = types
-            .as_array()
-            .ok_or_else(|| f.err(&format!("`layer_types` is {types}, expected a list")))?;
-        if items.len() != layers {
-            return Err(f.err(&format!(
-                "`layer_types` has {} entries for {layers} layers",
-                items.len()
-            )));
-        }
-        items
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("full_attention") => Ok(None),
-                Some("sliding_attention") => window.map(Some).ok_or_else(|| {
-                    f.err("`layer_types` has sliding_attention but `sliding_window` is not a number")
-                }),
-                _ => Err(f.err(&format!(
-                    "`layer_types` entry {t} is neither \"full_attention\" nor \"sliding_attention\""
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        match model_type {
-            "qwen2" => {
-                let on = f.bool("use_sliding_window")?.unwrap_or(false);
-                let from = f.usize("max_window_layers")?.unwrap_or(28);
-                (0..layers)
-                    .map(|i| if on && i >= from { window } else { None })
-                    .collect()
+    let sliding_window = match model_type {
+        "qwen2" => {
+            let on = f.bool("use_sliding_window")?.unwrap_or(false);
+            let window = if on { window } else { None };
+            match f.get("layer_types") {
+                Some(types) => layer_types(f, types, layers)?
+                    .into_iter()
+                    .map(|sliding| if sliding { window } else { None })
+                    .collect(),
+                None => {
+                    let from = f.usize("max_window_layers")?.unwrap_or(28);
+                    (0..layers)
+                        .map(|i| if i >= from { window } else { None })
+                        .collect()
+                }
             }
-            "mistral" => vec![window; layers],
-            _ => vec![None; layers],
         }
+        "mistral" => vec![window; layers],
+        _ => vec![None; layers],
     };
     Ok(ModelConfig {
         arch: Arch::Llama,
@@ -368,6 +356,29 @@ fn llama_family(f: &Fields<'_>, model_type: &str) -> Result<ModelConfig, Error> 
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
     })
+}
+
+/// `layer_types`: per layer, whether it is `sliding_attention` (else `full_attention`).
+fn layer_types(f: &Fields<'_>, types: &Value, layers: usize) -> Result<Vec<bool>, Error> {
+    let items = types
+        .as_array()
+        .ok_or_else(|| f.err(&format!("`layer_types` is {types}, expected a list")))?;
+    if items.len() != layers {
+        return Err(f.err(&format!(
+            "`layer_types` has {} entries for {layers} layers",
+            items.len()
+        )));
+    }
+    items
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("full_attention") => Ok(false),
+            Some("sliding_attention") => Ok(true),
+            _ => Err(f.err(&format!(
+                "`layer_types` entry {t} is neither \"full_attention\" nor \"sliding_attention\""
+            ))),
+        })
+        .collect()
 }
 
 fn gpt2(f: &Fields<'_>) -> Result<ModelConfig, Error> {

@@ -151,6 +151,12 @@ fn layer_types_decide_the_sliding_window_when_present() {
         c.config().sliding_window,
         vec![Some(5), None, None, Some(5)]
     );
+    // Qwen2 drops the window unless use_sliding_window, whatever layer_types says (as transformers).
+    let c = qwen_with(|c| {
+        c.insert("use_sliding_window".into(), false.into());
+    })
+    .unwrap();
+    assert_eq!(c.config().sliding_window, vec![None; 4]);
     // Top-level rope_theta is the older spelling of rope_parameters.rope_theta.
     let c = qwen_with(|c| {
         c.remove("rope_parameters");
