@@ -7,6 +7,8 @@
 //! few seeded cells against the scalar reference. [`exact_gates`] admits a backend, [`probe`] hashes a
 //! seeded GEMM so devices can be compared, and [`measure_rate`] feeds the planner.
 
+use rayon::prelude::*;
+
 mod backend;
 mod kernels;
 mod packed;
@@ -105,8 +107,7 @@ pub enum Error {
 /// `C[t][n] = ((acc as f32) · sa[t]) · sb[n]`: two correctly rounded f32 multiplies, left to right,
 /// no FMA — the one dequantization every backend's accumulators go through.
 pub fn dequantize(acc: &[i32], sa: &[f32], sb: &[f32]) -> Result<Vec<f32>, Error> {
-    let n = sb.len();
-    let expected = sa.len() * n;
+    let expected = sa.len() * sb.len();
     if acc.len() != expected {
         return Err(Error::Shape {
             what: "accumulators",
@@ -114,15 +115,56 @@ pub fn dequantize(acc: &[i32], sa: &[f32], sb: &[f32]) -> Result<Vec<f32>, Error
             expected,
         });
     }
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::with_capacity(expected);
-    for (row, &s) in acc.chunks_exact(n).zip(sa) {
-        out.extend(row.iter().zip(sb).map(|(&v, &t)| (v as f32 * s) * t));
-    }
+    let mut out: Vec<f32> = acc.iter().map(|&v| f32::from_bits(v as u32)).collect();
+    dequantize_in_place(&mut out, sa, sb);
     Ok(out)
 }
+
+/// One dequantized element.
+#[inline]
+fn dequantize_one(acc: i32, sa: f32, sb: f32) -> f32 {
+    (acc as f32 * sa) * sb
+}
+
+/// Dequantize accumulators stored as raw i32 bits in `c` (`sa.len() × sb.len()`), row-parallel when
+/// large.
+fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
+    let n = sb.len();
+    if n == 0 {
+        return;
+    }
+    let row = |(r, &s): (&mut [f32], &f32)| dequantize_row(r, s, sb);
+    if c.len() >= PARALLEL_MIN_ELEMENTS && sa.len() > 1 {
+        c.par_chunks_mut(n).zip(sa.par_iter()).for_each(row);
+    } else {
+        c.chunks_mut(n).zip(sa).for_each(row);
+    }
+}
+
+/// One row of [`dequantize_in_place`], with an AVX2 copy chosen at run time (same IEEE operations,
+/// same bits).
+fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
+    #[inline(always)]
+    fn body(r: &mut [f32], s: f32, sb: &[f32]) {
+        for (v, &t) in r.iter_mut().zip(sb) {
+            *v = dequantize_one(v.to_bits() as i32, s, t);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn body_avx2(r: &mut [f32], s: f32, sb: &[f32]) {
+        body(r, s, sb)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { body_avx2(r, s, sb) };
+    }
+    body(r, s, sb)
+}
+
+/// Element-wise passes (quantize, dequantize) below this size stay on the calling thread.
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
 
 /// The full contract with weights packed once: quantize A (`t × k`), integer GEMM on `backend`, audit,
 /// dequantize. Returns C, `t × n`.
@@ -153,8 +195,15 @@ pub fn gemm_act(
 
 /// Integer GEMM on `backend` from quantized operands, audit, dequantize.
 pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Result<Vec<f32>, Error> {
-    let mut acc = vec![0i32; a.rows() * b.n()];
-    backend.gemm_i32(a, b, &mut acc)?;
-    verify::audit_live(backend, a, b, &acc)?;
-    dequantize(&acc, a.scales(), b.scales())
+    // One buffer: the backend writes i32 accumulators into it, which are then dequantized in place.
+    let mut c = vec![0f32; a.rows() * b.n()];
+    {
+        // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid for
+        // both; the view is dropped before `c` is used as f32 again.
+        let acc = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) };
+        backend.gemm_i32(a, b, acc)?;
+        verify::audit_live(backend, a, b, acc)?;
+    }
+    dequantize_in_place(&mut c, a.scales(), b.scales());
+    Ok(c)
 }

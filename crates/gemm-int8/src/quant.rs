@@ -1,5 +1,7 @@
 //! Row quantization (DESIGN.md §3.1–3.3): one f32 scale per row, values rounded ties-to-even into ±127.
 
+use rayon::prelude::*;
+
 use crate::{Error, MAX_K, Operand};
 
 /// Rows of i8 values in `-127..=127`, row-major `rows × k`, with one scale per row.
@@ -125,45 +127,82 @@ pub(crate) fn quantize(
     if k == 0 {
         return Ok(Quantized { rows, k, q, scales });
     }
-    for (r, ((row, out), scale)) in x
-        .chunks_exact(k)
-        .zip(q.chunks_exact_mut(k))
-        .zip(&mut scales)
-        .enumerate()
-    {
-        // |v| ordered as f32 is |v| ordered as its bits; anything at or above +inf's bits is not finite.
-        let max_bits = row
-            .iter()
-            .fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF));
-        if max_bits >= f32::INFINITY.to_bits() {
-            let col = row.iter().position(|v| !v.is_finite()).unwrap_or(0);
-            return Err(Error::NonFinite {
-                operand,
-                row: r,
-                col,
-                value: row[col],
-            });
-        }
-        let m = f32::from_bits(max_bits);
-        if m < f32::MIN_POSITIVE {
-            continue; // zeros, scale 0
-        }
-        *scale = m / 127.0;
-        let inv = 127.0 / m;
-        if inv.is_finite() {
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = round_clamp_finite(v * inv);
-            }
-        } else {
-            // For m < 3.8e-37 `inv` overflows to +inf; `0 · inf` is NaN, which `as i8` maps to 0, and
-            // every other element saturates to ±127. That is the contract read literally, and it is
-            // the same on every machine because quantization only ever runs here.
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
-            }
-        }
+    type RowJob<'a> = (usize, ((&'a [f32], &'a mut [i8]), &'a mut f32));
+    let job = |(r, ((row, out), scale)): RowJob<'_>| {
+        quantize_row(row, out, scale).map_err(|col| Error::NonFinite {
+            operand,
+            row: r,
+            col,
+            value: row[col],
+        })
+    };
+    if expected >= crate::PARALLEL_MIN_ELEMENTS && rows > 1 {
+        // The first refusal in row order, as the sequential loop would give.
+        let results: Vec<Result<(), Error>> = x
+            .par_chunks_exact(k)
+            .zip(q.par_chunks_exact_mut(k))
+            .zip(scales.par_iter_mut())
+            .enumerate()
+            .map(job)
+            .collect();
+        results.into_iter().collect::<Result<(), Error>>()?;
+    } else {
+        x.chunks_exact(k)
+            .zip(q.chunks_exact_mut(k))
+            .zip(&mut scales)
+            .enumerate()
+            .try_for_each(job)?;
     }
     Ok(Quantized { rows, k, q, scales })
+}
+
+/// Quantize one row into `out`, setting `scale`; a non-finite element is refused by its column.
+///
+/// Compiled twice, for baseline x86-64 and for AVX2 (only integer ops and single IEEE operations, so
+/// both give the same bits); the AVX2 copy is chosen at run time.
+fn quantize_row(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { quantize_row_avx2(row, out, scale) };
+    }
+    quantize_row_impl(row, out, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_row_avx2(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+    quantize_row_impl(row, out, scale)
+}
+
+#[inline(always)]
+fn quantize_row_impl(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+    // |v| ordered as f32 is |v| ordered as its bits; anything at or above +inf's bits is not finite.
+    let max_bits = row
+        .iter()
+        .fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF));
+    if max_bits >= f32::INFINITY.to_bits() {
+        return Err(row.iter().position(|v| !v.is_finite()).unwrap_or(0));
+    }
+    let m = f32::from_bits(max_bits);
+    if m < f32::MIN_POSITIVE {
+        return Ok(()); // zeros, scale 0
+    }
+    *scale = m / 127.0;
+    let inv = 127.0 / m;
+    if inv.is_finite() {
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = round_clamp_finite(v * inv);
+        }
+    } else {
+        // For m < 3.8e-37 `inv` overflows to +inf; `0 · inf` is NaN, which `as i8` maps to 0, and
+        // every other element saturates to ±127. That is the contract read literally, and it is the
+        // same on every machine because quantization only ever runs here.
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+        }
+    }
+    Ok(())
 }
 
 /// `clamp(round_ties_even(y), -127, 127) as i8` for finite `y`, written so it vectorizes
