@@ -98,6 +98,15 @@ impl Checkpoint {
     /// Open `model`: an existing local path wins (a Hugging Face-layout folder or a `.gguf` file);
     /// otherwise a repo id `org/name[@revision]` looked up in the Hugging Face cache.
     pub fn open(model: &str) -> Result<Checkpoint, Error> {
+        Checkpoint::open_with(model, None)
+    }
+
+    /// [`Checkpoint::open`], fetching a repo that is neither local nor cached through `hub` (a client
+    /// for `$HF_ENDPOINT` is made when `None`).
+    pub fn open_with(
+        model: &str,
+        hub: Option<Arc<crate::hub::HubClient>>,
+    ) -> Result<Checkpoint, Error> {
         let path = Path::new(model);
         if path.is_file() {
             let src: Arc<dyn ByteSource> = Arc::new(FileSource::open(path)?);
@@ -113,12 +122,30 @@ impl Checkpoint {
                  (set HF_HUB_CACHE or HF_HOME)"
             )));
         };
-        let snapshot = find_in_cache(&cache, &repo)?;
-        Checkpoint::from_repo(
-            Box::new(LocalDir::new(&snapshot.dir)),
-            &repo.id,
-            &snapshot.commit,
-        )
+        match find_in_cache(&cache, &repo) {
+            Ok(snapshot) => Checkpoint::from_repo(
+                Box::new(LocalDir::new(&snapshot.dir)),
+                &repo.id,
+                &snapshot.commit,
+            ),
+            Err(Error::NotFound(_)) => {
+                let hub = match hub {
+                    Some(hub) => hub,
+                    None => Arc::new(crate::hub::HubClient::from_env()?),
+                };
+                Checkpoint::from_hub(hub, model)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Open the repo id `org/name[@revision]` on the Hub (or a mirror) through `client`, fetching
+    /// only the small files and each safetensors header; tensor bytes are fetched when read.
+    pub fn from_hub(client: Arc<crate::hub::HubClient>, model: &str) -> Result<Checkpoint, Error> {
+        let repo = RepoId::parse(model)?;
+        let hub = crate::hub::HubRepo::new(client, repo.clone());
+        let commit = hub.resolve()?;
+        Checkpoint::from_repo(Box::new(hub), &repo.id, &commit)
     }
 
     /// Open a Hugging Face-layout repository: `config.json` and `model.safetensors` or
@@ -410,6 +437,21 @@ impl Checkpoint {
 
     /// The tensor's bytes: as stored for safetensors; for GGUF, stored float bytes or the
     /// dequantized f32 values, with llama.cpp's Q/K row permutation undone.
+    /// Announce the tensors about to be read: a remote source fetches them ahead, adjacent
+    /// tensors coalesced into one range, one range in flight while the previous one is used.
+    pub fn prefetch(&self, names: &[&str]) {
+        let mut per_shard: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        for info in names.iter().filter_map(|n| self.tensor(n)) {
+            per_shard
+                .entry(info.shard)
+                .or_default()
+                .push((info.offset, info.byte_len));
+        }
+        for (shard, ranges) in per_shard {
+            self.files[shard].1.prefetch(&ranges);
+        }
+    }
+
     pub fn read_raw(&self, name: &str) -> Result<(DType, Vec<u8>), Error> {
         let info = self.info(name)?;
         let src = &self.files[info.shard].1;

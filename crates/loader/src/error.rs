@@ -77,6 +77,27 @@ pub enum Error {
     NotFound(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("{url}: {problem}")]
+    Http { url: String, problem: String },
+    #[error(
+        "a Hugging Face token is needed for {repo}: {reason}; set HF_TOKEN or run from a terminal to be asked"
+    )]
+    TokenNeeded { repo: String, reason: String },
+    #[error("the Hub refused the token for {repo} ({status}): {detail}")]
+    TokenRefused {
+        repo: String,
+        status: u16,
+        detail: String,
+    },
+    #[error(
+        "{repo}: the commit changed mid-run (pinned {pinned}, {url} answered {now}); refusing to mix two commits"
+    )]
+    CommitChanged {
+        repo: String,
+        pinned: String,
+        now: String,
+        url: String,
+    },
     /// Several independent problems found by one validation pass, reported together.
     #[error("{}", join(.0))]
     Many(Vec<Error>),

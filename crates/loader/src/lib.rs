@@ -12,6 +12,7 @@ mod expected;
 pub mod gguf;
 mod gguf_model;
 mod gguf_tokenizer;
+pub mod hub;
 pub mod safetensors;
 mod source;
 

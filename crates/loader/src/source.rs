@@ -17,6 +17,9 @@ pub trait ByteSource: Send + Sync {
     fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error>;
     /// A short human-readable name (a path or a URL) used in error messages.
     fn describe(&self) -> String;
+    /// Announce the `(offset, len)` ranges about to be read, so a remote source can fetch them
+    /// ahead, coalesced; a local source ignores it.
+    fn prefetch(&self, _ranges: &[(u64, u64)]) {}
 }
 
 /// A local file read with positional reads.

@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Load one stage's slice of a model (only its byte ranges) and report bytes and time.
+    Fetch(cmd::fetch::Args),
     /// Show a checkpoint's config, tensor table, bytes per layer and tying; validates without computing.
     Inspect(cmd::inspect::Args),
     /// Serve local model folders with the Hub's URL layout and range support (a LAN mirror).
@@ -46,6 +48,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Fetch(args) => cmd::fetch::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Mirror(args) => cmd::mirror::run(args),
         Command::Run(args) => cmd::run::run(args),
