@@ -1,0 +1,147 @@
+//! SmolLM2-135M-Instruct at int8 split [10, 10, 10] with every GEMM on the GPU backend equals the
+//! unsplit CPU run bit for bit: the hidden state at every hop, the logits, and greedy ids. A mutant
+//! kernel injected after the gates makes the GPU run fail its audit instead of answering.
+//!
+//! Needs `target/fixtures/SmolLM2-135M-Instruct` (`cargo xtask fixtures`) and an adapter; without
+//! either it skips with a note, except under `CI=true`, where that is a failure.
+
+use std::sync::Arc;
+
+use daisy_gemm_int8::{Backend, CpuBackend};
+use daisy_loader::Checkpoint;
+use daisy_model::{Config, Precision, Stage, argmax};
+use daisy_wgsl::{DOT4_SHIFT_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel};
+
+const MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../target/fixtures/SmolLM2-135M-Instruct"
+);
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Loads the stages of `split` (layer counts, head first) on `backend`.
+fn stages(
+    ckpt: &Checkpoint,
+    cfg: &Config,
+    split: &[usize],
+    backend: &Arc<dyn Backend>,
+) -> Vec<Stage> {
+    let mut start = 0;
+    split
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let mut s = Stage::load(ckpt, cfg, start..start + n, i == 0, Precision::Int8).unwrap();
+            s.set_backend(Arc::clone(backend));
+            start += n;
+            s
+        })
+        .collect()
+}
+
+/// One full-window pass: the hidden state after each stage (each hop), then the last row's logits.
+fn pass(stages: &[Stage], ids: &[u32]) -> Result<(Vec<Vec<u32>>, Vec<f32>), daisy_model::Error> {
+    let mut x = stages[0].embed(ids, 0)?;
+    let mut hops = Vec::new();
+    for s in stages {
+        s.forward(&mut x, ids.len(), 0, None)?;
+        hops.push(x.iter().map(|v| v.to_bits()).collect());
+    }
+    let h = stages[0].config().hidden_size;
+    let logits = stages[0].logits(&x[(ids.len() - 1) * h..], 1)?;
+    Ok((hops, logits))
+}
+
+/// Greedy ids over `steps` full-window passes, with the hops of the first pass.
+fn run(
+    stages: &[Stage],
+    prompt: &[u32],
+    steps: usize,
+) -> Result<(Vec<Vec<u32>>, Vec<u32>, Vec<u32>), daisy_model::Error> {
+    let mut ids = prompt.to_vec();
+    let mut first = None;
+    for _ in 0..steps {
+        let (hops, logits) = pass(stages, &ids)?;
+        if first.is_none() {
+            first = Some((hops, logits.iter().map(|v| v.to_bits()).collect()));
+        }
+        ids.push(argmax(&logits));
+    }
+    let (hops, logits) = first.unwrap_or_default();
+    Ok((hops, logits, ids[prompt.len()..].to_vec()))
+}
+
+#[test]
+fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
+    if !std::path::Path::new(MODEL).join("config.json").exists() {
+        assert!(!in_ci(), "CI=true and no fixture at {MODEL}");
+        eprintln!("skipping: no fixture at {MODEL} (cargo xtask fixtures)");
+        return;
+    }
+    let gpu = match GpuBackend::new() {
+        Ok(g) => g,
+        Err(e @ Error::NoAdapter { .. }) => {
+            assert!(!in_ci(), "CI=true and no GPU adapter: {e}");
+            eprintln!("skipping: {e}");
+            return;
+        }
+        Err(e) => panic!("the GPU backend did not come up: {e}"),
+    };
+    eprintln!("adapter: {}", gpu.adapter_name());
+    let ckpt = Checkpoint::open(MODEL).unwrap();
+    let cfg = Config::from_loader(ckpt.config()).unwrap();
+    // `<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n`, as
+    // `tokenizers.Tokenizer.from_file` encodes it with the fixture's tokenizer.json.
+    let prompt = [
+        1u32, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+    ];
+
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let gpu: Arc<dyn Backend> = Arc::new(gpu);
+    let steps = 4;
+    let reference = run(&stages(&ckpt, &cfg, &[10, 10, 10], &cpu), &prompt, steps).unwrap();
+    let unsplit = run(&stages(&ckpt, &cfg, &[30], &cpu), &prompt, steps).unwrap();
+    assert_eq!(
+        reference.1, unsplit.1,
+        "the split CPU run differs from the unsplit one"
+    );
+    assert_eq!(reference.2, unsplit.2);
+
+    let on_gpu = run(&stages(&ckpt, &cfg, &[10, 10, 10], &gpu), &prompt, steps).unwrap();
+    for (hop, (g, c)) in on_gpu.0.iter().zip(&reference.0).enumerate() {
+        assert!(
+            g == c,
+            "hop {hop}: the GPU hidden state differs from the CPU's"
+        );
+    }
+    assert!(
+        on_gpu.1 == reference.1,
+        "the GPU logits differ from the CPU's"
+    );
+    assert_eq!(
+        on_gpu.2, reference.2,
+        "the GPU greedy ids differ from the CPU's"
+    );
+    assert_eq!(on_gpu.2, unsplit.2);
+    eprintln!(
+        "ids {:?} equal on cpu unsplit, cpu split and gpu split",
+        on_gpu.2
+    );
+
+    // Mutation: a kernel that drops the last partial K tile, injected after the gates.
+    let source = format!("{GEMM_WGSL}\n{DOT4_SHIFT_WGSL}");
+    let from = "let ntiles = (dims.k4 + TK - 1u) / TK;";
+    assert!(source.contains(from));
+    let mutant = GpuBackend::ungated(Kernel::Wgsl(
+        source.replace(from, "let ntiles = dims.k4 / TK;"),
+    ))
+    .unwrap();
+    let mutant: Arc<dyn Backend> = Arc::new(mutant);
+    let err = run(&stages(&ckpt, &cfg, &[10, 10, 10], &mutant), &prompt, 1).unwrap_err();
+    assert!(
+        err.to_string().contains("audit"),
+        "the mutant failed otherwise: {err}"
+    );
+}
