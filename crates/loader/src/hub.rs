@@ -557,7 +557,7 @@ enum BlockData {
 }
 
 /// Largest coalesced range: a bound on what one request (and the memory it fills) may hold.
-const MAX_BLOCK: u64 = 64 << 20;
+const MAX_BLOCK: u64 = 8 << 20;
 
 /// Merge `(offset, len)` ranges that touch into blocks of at most [`MAX_BLOCK`], in file order.
 fn coalesce(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {

@@ -28,6 +28,10 @@ pub(crate) struct Args {
     /// `int8` (weights held quantized) or `f32`.
     #[arg(long, default_value = "int8")]
     precision: String,
+    /// Only download the stage's tensors (no widening, no quantizing): the pure download time of the
+    /// same bytes, to compare with the time to a ready stage.
+    #[arg(long)]
+    download_only: bool,
     /// A name for this device, sent to the server as `X-Daisy-Client` (a mirror counts bytes by it).
     #[arg(long)]
     client_id: Option<String>,
@@ -126,8 +130,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let bar = progress_bar(&client, tensor_bytes, "fetching");
     let t1 = Instant::now();
     checkpoint.prefetch(&names);
-    let stage = Stage::load(&checkpoint, &config, layers.clone(), args.head, precision)
-        .with_context(|| format!("loading layers {}..{}", layers.start, layers.end))?;
+    let held = if args.download_only {
+        for name in &names {
+            checkpoint.read_raw(name)?;
+        }
+        0
+    } else {
+        let stage = Stage::load(&checkpoint, &config, layers.clone(), args.head, precision)
+            .with_context(|| format!("loading layers {}..{}", layers.start, layers.end))?;
+        stage.weight_bytes()
+    };
     let ready = t1.elapsed().as_secs_f64();
     bar.finish_and_clear();
     let fetched = client.fetched();
@@ -140,7 +152,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "tensor_bytes": tensor_bytes,
         "fetched_bytes": fetched,
         "open_bytes": header_bytes,
-        "weight_bytes_held": stage.weight_bytes(),
+        "download_only": args.download_only,
+        "weight_bytes_held": held,
         "open_seconds": t1.duration_since(t0).as_secs_f64(),
         "ready_seconds": ready,
     });

@@ -25,6 +25,7 @@ use axum::extract::{ConnectInfo, Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
@@ -43,6 +44,10 @@ pub(crate) struct Args {
     /// Answer 401 to requests without `Authorization: Bearer $DAISY_MIRROR_TOKEN` (a gated repo).
     #[arg(long)]
     require_token: bool,
+    /// Cap each response's body rate at this many MB/s (to play a LAN link on loopback, e.g. in
+    /// benchmarks); unlimited when absent.
+    #[arg(long)]
+    rate_limit: Option<f64>,
     /// Misbehave on purpose, to test that clients refuse a broken server (tests only).
     #[arg(long, value_enum, hide = true)]
     fault: Option<Fault>,
@@ -67,6 +72,8 @@ struct Mirror {
     token: Option<String>,
     cdn_base: String,
     fault: Option<Fault>,
+    /// Bytes per second for one response body, when capped.
+    rate: Option<f64>,
     served: Mutex<BTreeMap<String, u64>>,
     auth_on_redirect_host: AtomicU64,
     answers: AtomicU64,
@@ -116,6 +123,7 @@ async fn serve(args: Args, token: Option<String>) -> anyhow::Result<()> {
         token,
         cdn_base: format!("http://{cdn_addr}"),
         fault: args.fault,
+        rate: args.rate_limit.map(|mb| mb * 1e6),
         served: Mutex::new(BTreeMap::new()),
         auth_on_redirect_host: AtomicU64::new(0),
         answers: AtomicU64::new(0),
@@ -585,8 +593,25 @@ async fn serve_file(
         len
     };
     mirror.count(client, sent);
-    let stream = tokio_util::io::ReaderStream::new(file.take(sent));
-    let mut response = Response::new(Body::from_stream(stream));
+    let stream = tokio_util::io::ReaderStream::with_capacity(file.take(sent), 64 * 1024);
+    let body = match mirror.rate {
+        None => Body::from_stream(stream),
+        Some(rate) => {
+            let start = tokio::time::Instant::now();
+            let mut sent_so_far = 0u64;
+            Body::from_stream(stream.then(move |chunk| {
+                if let Ok(bytes) = &chunk {
+                    sent_so_far += bytes.len() as u64;
+                }
+                let due = start + std::time::Duration::from_secs_f64(sent_so_far as f64 / rate);
+                async move {
+                    tokio::time::sleep_until(due).await;
+                    chunk
+                }
+            }))
+        }
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
