@@ -68,6 +68,8 @@ fn a_model_that_is_nowhere_is_one_error_line() {
     let out = Command::new(env!("CARGO_BIN_EXE_node"))
         .args(["inspect", "--model", "nobody/nothing@main"])
         .env("HF_HUB_CACHE", tmp.path())
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .env_remove("HF_TOKEN")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -77,6 +79,43 @@ fn a_model_that_is_nowhere_is_one_error_line() {
         stderr.starts_with("error: ") && stderr.contains("nobody/nothing"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_repo_id_resolves_through_the_hugging_face_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let commit = "89abcdef0123456789abcdef0123456789abcdef";
+    let repo = tmp.path().join("models--tiny-org--tiny-gpt2");
+    let snap = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), commit).unwrap();
+    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), snap.join(entry.file_name())).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args([
+            "inspect",
+            "--model",
+            "tiny-org/tiny-gpt2",
+            "--format",
+            "json",
+        ])
+        .env("HF_HUB_CACHE", tmp.path())
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(report["repo_id"], "tiny-org/tiny-gpt2");
+    assert_eq!(report["commit"], commit);
+    assert_eq!(report["config"]["model_type"], "gpt2");
 }
 
 fn fixture(name: &str) -> PathBuf {
