@@ -3,6 +3,7 @@
 //! - `fixtures`: build `target/fixtures/` (cached; a second run does no work)
 //! - `conformance`: replay real model splits and the mutation cases that must fail
 //! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
+//! - `demo`: the main job — SmolLM2 split into three stages answers a question, verified
 //! - `ci`: everything CI runs; green here means green in CI
 
 use std::path::{Path, PathBuf};
@@ -25,16 +26,20 @@ fn main() -> ExitCode {
     }
 }
 
-const USAGE: &str = "usage: cargo xtask <fixtures|conformance|bench [--format json]|ci>";
+const USAGE: &str =
+    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|ci>";
 
 fn run(args: &[String]) -> anyhow::Result<()> {
-    let Some(task) = args.first() else { bail!("{USAGE}") };
+    let Some(task) = args.first() else {
+        bail!("{USAGE}")
+    };
     let rest = &args[1..];
     match task.as_str() {
         "fixtures" => fixtures::run(rest),
         "conformance" => conformance::run(rest),
         "bench" => bench::run(rest),
         "ci" => ci(rest),
+        "demo" => demo(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -45,7 +50,10 @@ fn run(args: &[String]) -> anyhow::Result<()> {
 
 /// The workspace root (the folder holding the root `Cargo.toml`).
 pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// Run a command in the workspace root, failing with its name when it fails.
@@ -69,6 +77,51 @@ fn ci(args: &[String]) -> anyhow::Result<()> {
     }
     fixtures::run(&[])?;
     cmd("cargo", &["fmt", "--all", "--", "--check"])?;
-    cmd("cargo", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    cmd(
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
     cmd("cargo", &["test", "--workspace"])
+}
+
+/// The main job on the embedded default: the SmolLM2 fixture split into three stages, every hop through
+/// the wire and the router, the ids verified against an unsplit run on the head.
+fn demo(args: &[String]) -> anyhow::Result<()> {
+    let prompt = match args {
+        [] => "What is the capital of France?",
+        [p] => p.as_str(),
+        _ => bail!("`demo` takes at most one argument, the prompt"),
+    };
+    fixtures::run(&[])?;
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let model = model.to_str().context("the workspace path is not UTF-8")?;
+    cmd(
+        "cargo",
+        &[
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "node",
+            "--",
+            "run",
+            "--model",
+            model,
+            "--chat",
+            "--prompt",
+            prompt,
+            "--stages",
+            "10,10,10",
+            "--max-new-tokens",
+            "64",
+            "--verify",
+        ],
+    )
 }
