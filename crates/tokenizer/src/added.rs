@@ -21,19 +21,19 @@ pub(crate) enum Piece {
 #[derive(Debug, Default)]
 struct Matcher {
     /// first byte → indices into `patterns`, longest first, then in insertion order.
-    by_first: HashMap<u8, Vec<usize>>,
+    by_first: Vec<Vec<usize>>,
     patterns: Vec<(String, u32)>,
 }
 
 impl Matcher {
     fn new(patterns: Vec<(String, u32)>) -> Matcher {
-        let mut by_first: HashMap<u8, Vec<usize>> = HashMap::new();
+        let mut by_first: Vec<Vec<usize>> = vec![Vec::new(); 256];
         for (i, (p, _)) in patterns.iter().enumerate() {
             if let Some(&b) = p.as_bytes().first() {
-                by_first.entry(b).or_default().push(i);
+                by_first[usize::from(b)].push(i);
             }
         }
-        for list in by_first.values_mut() {
+        for list in by_first.iter_mut() {
             // Stable: equal lengths keep insertion order.
             list.sort_by_key(|&i| std::cmp::Reverse(patterns[i].0.len()));
         }
@@ -47,10 +47,7 @@ impl Matcher {
         }
         let bytes = text.as_bytes();
         for start in from..bytes.len() {
-            let Some(candidates) = self.by_first.get(&bytes[start]) else {
-                continue;
-            };
-            for &i in candidates {
+            for &i in &self.by_first[usize::from(bytes[start])] {
                 let (p, id) = &self.patterns[i];
                 if bytes[start..].starts_with(p.as_bytes()) {
                     return Some((start, start + p.len(), *id));
