@@ -1,7 +1,7 @@
 //! The backend trait (the integer part of the GEMM) and the CPU backend: kernel choice at run time,
 //! rayon over output-channel panels, and the shared scalar leftover loop.
 
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::kernels;
 use crate::packed::{PANEL, PackedWeights};
@@ -212,14 +212,27 @@ impl CpuBackend {
             job(0, panels);
             return;
         }
-        let chunks = if t >= 16 {
-            (threads * 4).min(panels)
-        } else {
-            threads.min(panels)
+        // Chunks of panels are taken from a shared counter by the calling thread and `threads − 1`
+        // pool workers: the caller works instead of sleeping, and a worker that is slow to wake
+        // (other load on the machine) leaves its chunks to the others.
+        let per_thread = if macs >= 1 << 24 { 4 } else { 2 };
+        let chunks = (threads * per_thread).min(panels);
+        let next = AtomicUsize::new(0);
+        let work = || {
+            loop {
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= chunks {
+                    break;
+                }
+                job(c * panels / chunks, (c + 1) * panels / chunks);
+            }
         };
-        (0..chunks)
-            .into_par_iter()
-            .for_each(|c| job(c * panels / chunks, (c + 1) * panels / chunks));
+        rayon::in_place_scope(|s| {
+            for _ in 1..threads.min(chunks) {
+                s.spawn(|_| work());
+            }
+            work();
+        });
     }
 }
 

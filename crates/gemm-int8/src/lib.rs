@@ -164,7 +164,7 @@ fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
 }
 
 /// Element-wise passes (quantize, dequantize) below this size stay on the calling thread.
-pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 15;
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
 
 /// The full contract with weights packed once: quantize A (`t × k`), integer GEMM on `backend`, audit,
 /// dequantize. Returns C, `t × n`.

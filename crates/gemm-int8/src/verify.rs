@@ -14,6 +14,9 @@ use crate::{Error, Operand, gemm, quant};
 /// Cells recomputed by [`audit`] after each live GEMM.
 pub const AUDIT_CELLS: usize = 16;
 
+/// Audited columns come from two seeded blocks of this many columns.
+const AUDIT_BLOCK: usize = 16;
+
 /// The probe's `(t, k, n)`: K not a multiple of 4, N not a multiple of 16.
 pub const PROBE_SHAPE: (usize, usize, usize) = (5, 1027, 37);
 
@@ -66,7 +69,8 @@ pub fn seeded_matrix(seed: u64, rows: usize, cols: usize) -> Vec<f32> {
 }
 
 /// Recompute `cells` seeded random cells of `acc` (`a.rows() × b.n()`) with the scalar reference;
-/// the first disagreement is an [`Error::AuditMismatch`] naming `backend`.
+/// the first disagreement is an [`Error::AuditMismatch`] naming `backend`. Rows are uniform; columns
+/// are uniform within two seeded blocks of 16 columns.
 pub fn audit(
     backend: &str,
     a: &Quantized,
@@ -80,12 +84,20 @@ pub fn audit(
     if total == 0 {
         return Ok(());
     }
-    let n = b.n();
+    let (t, n) = (a.rows(), b.n());
     let mut qb = vec![0i8; b.k()];
     let mut state = seed;
-    for _ in 0..cells {
-        let cell = (splitmix(&mut state) % total as u64) as usize;
-        let (row, col) = (cell / n, cell % n);
+    // Columns come from two seeded blocks of 16 (one weight panel each), so auditing packed weights
+    // re-reads two panels rather than up to `cells` of them: at T = 1 a full re-read would double the
+    // memory traffic of a GEMM that is memory-bound.
+    let blocks = n.div_ceil(AUDIT_BLOCK);
+    let picked = [0, 1].map(|_| (splitmix(&mut state) % blocks as u64) as usize);
+    for i in 0..cells {
+        let block = picked[i % 2];
+        let width = AUDIT_BLOCK.min(n - block * AUDIT_BLOCK);
+        let col = block * AUDIT_BLOCK + (splitmix(&mut state) % width as u64) as usize;
+        let row = (splitmix(&mut state) % t as u64) as usize;
+        let cell = row * n + col;
         b.write_row(col, &mut qb);
         let expected = reference_cell(a.row(row), &qb);
         if acc[cell] != expected {

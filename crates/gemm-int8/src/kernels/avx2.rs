@@ -46,10 +46,10 @@ pub(super) unsafe fn gemm_panels(
         out,
         n,
     };
-    let mut g0 = 0;
-    while g0 < groups {
-        let g1 = (g0 + kc).min(groups);
-        for p in p0..p1 {
+    for p in p0..p1 {
+        let mut g0 = 0;
+        while g0 < groups {
+            let g1 = (g0 + kc).min(groups);
             let mut r = 0;
             while r < t {
                 let mr = MR.min(t - r);
@@ -64,8 +64,8 @@ pub(super) unsafe fn gemm_panels(
                 }
                 r += mr;
             }
+            g0 = g1;
         }
-        g0 = g1;
     }
 }
 

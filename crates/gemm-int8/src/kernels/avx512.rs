@@ -49,12 +49,14 @@ pub(super) unsafe fn gemm_panels(
         out,
         n,
     };
-    let mut g0 = 0;
-    while g0 < groups {
-        let g1 = (g0 + kc).min(groups);
-        let mut p = p0;
-        while p < p1 {
-            let np = NP.min(p1 - p);
+    // Panels outermost: a column block of C (t × 64 i32) stays in L2 across K blocks, the K block of
+    // B (`kc` groups × 4 panels) stays in L1 across every row of A.
+    let mut p = p0;
+    while p < p1 {
+        let np = NP.min(p1 - p);
+        let mut g0 = 0;
+        while g0 < groups {
+            let g1 = (g0 + kc).min(groups);
             let mut r = 0;
             while r < t {
                 let mr = MR.min(t - r);
@@ -63,9 +65,9 @@ pub(super) unsafe fn gemm_panels(
                 unsafe { dispatch(&tile, mr, np, r, p, g0, g1) };
                 r += mr;
             }
-            p += np;
+            g0 = g1;
         }
-        g0 = g1;
+        p += np;
     }
 }
 
