@@ -54,12 +54,11 @@ fn pass(stages: &[Stage], ids: &[u32]) -> Result<(Vec<Vec<u32>>, Vec<f32>), dais
     Ok((hops, logits))
 }
 
+/// The hidden-state bits at each hop, the first step's logit bits, and the greedy ids.
+type Run = (Vec<Vec<u32>>, Vec<u32>, Vec<u32>);
+
 /// Greedy ids over `steps` full-window passes, with the hops of the first pass.
-fn run(
-    stages: &[Stage],
-    prompt: &[u32],
-    steps: usize,
-) -> Result<(Vec<Vec<u32>>, Vec<u32>, Vec<u32>), daisy_model::Error> {
+fn run(stages: &[Stage], prompt: &[u32], steps: usize) -> Result<Run, daisy_model::Error> {
     let mut ids = prompt.to_vec();
     let mut first = None;
     for _ in 0..steps {
