@@ -198,6 +198,14 @@ async fn stats(State(mirror): State<Arc<Mirror>>) -> Response {
         .into_response()
 }
 
+fn revision_not_found(revision: &str) -> Box<Response> {
+    Box::new(hub_error(
+        StatusCode::NOT_FOUND,
+        "RevisionNotFound",
+        &format!("Invalid rev id: {revision}"),
+    ))
+}
+
 /// A repository resolved on disk: the folder its files are in and the commit it stands for.
 struct Snapshot {
     root: PathBuf,
@@ -226,7 +234,7 @@ fn valid_file(file: &str) -> Option<PathBuf> {
 }
 
 impl Mirror {
-    fn snapshot(&self, org: &str, name: &str, revision: &str) -> Result<Snapshot, Response> {
+    fn snapshot(&self, org: &str, name: &str, revision: &str) -> Result<Snapshot, Box<Response>> {
         let repo_not_found = || {
             hub_error(
                 StatusCode::UNAUTHORIZED,
@@ -235,7 +243,7 @@ impl Mirror {
             )
         };
         if !valid_segment(org) || !valid_segment(name) {
-            return Err(repo_not_found());
+            return Err(Box::new(repo_not_found()));
         }
         let folder = self.dir.join(org).join(name);
         if folder.is_dir() {
@@ -251,11 +259,7 @@ impl Mirror {
                 && revision.len() == 40
                 && revision.get(..32) == commit.get(..32);
             if revision != "main" && revision != commit && !reported {
-                return Err(hub_error(
-                    StatusCode::NOT_FOUND,
-                    "RevisionNotFound",
-                    &format!("Invalid rev id: {revision}"),
-                ));
+                return Err(revision_not_found(revision));
             }
             return Ok(Snapshot {
                 root: folder,
@@ -270,31 +274,17 @@ impl Mirror {
             } else if revision.split('/').all(valid_segment) {
                 std::fs::read_to_string(cache.join("refs").join(revision))
                     .map(|s| s.trim().to_string())
-                    .map_err(|_| {
-                        hub_error(
-                            StatusCode::NOT_FOUND,
-                            "RevisionNotFound",
-                            &format!("Invalid rev id: {revision}"),
-                        )
-                    })?
+                    .map_err(|_| revision_not_found(revision))?
             } else {
-                return Err(hub_error(
-                    StatusCode::NOT_FOUND,
-                    "RevisionNotFound",
-                    &format!("Invalid rev id: {revision}"),
-                ));
+                return Err(revision_not_found(revision));
             };
             let root = cache.join("snapshots").join(&commit);
             if !valid_segment(&commit) || !root.is_dir() {
-                return Err(hub_error(
-                    StatusCode::NOT_FOUND,
-                    "RevisionNotFound",
-                    &format!("Invalid rev id: {revision}"),
-                ));
+                return Err(revision_not_found(revision));
             }
             return Ok(Snapshot { root, commit });
         }
-        Err(repo_not_found())
+        Err(Box::new(repo_not_found()))
     }
 
     fn commit_header(&self, commit: &str) -> HeaderValue {
@@ -409,7 +399,7 @@ async fn resolve(
     }
     let snapshot = match mirror.snapshot(&org, &name, &revision) {
         Ok(s) => s,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let Some(rel) = valid_file(&file) else {
         return hub_error(
@@ -485,7 +475,7 @@ async fn cdn_file(
     }
     let snapshot = match mirror.snapshot(&org, &name, &commit) {
         Ok(s) => s,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let Some(rel) = valid_file(&file) else {
         return hub_error(
