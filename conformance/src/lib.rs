@@ -132,7 +132,7 @@ impl<'a> Ring<'a> {
             cached,
             lap,
         } = pass;
-        let cols = if rows == 0 { 0 } else { hidden.len() / rows };
+        let cols = hidden.len().checked_div(rows).unwrap_or(0);
         if cached && pos0 == 0 {
             for (c, s) in self.caches.iter_mut().zip(self.stages) {
                 *c = Some(s.new_cache());

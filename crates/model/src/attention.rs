@@ -33,6 +33,7 @@ pub(crate) struct Heads {
 /// `q` is `t × num_heads·head_dim`, `k` and `v` are `t × num_kv_heads·head_dim`. Without a cache the
 /// call sees exactly these keys and `pos0` must be 0; with one, the new keys are appended and the call
 /// sees every cached key plus these. Returns `t × num_heads·head_dim`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     cx: Ctx<'_>,
     shape: &Heads,

@@ -82,6 +82,7 @@ impl Block {
     }
 
     /// Run the layer over `t` rows at positions `pos0..`, in place.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         cfg: &Config,

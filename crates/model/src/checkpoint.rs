@@ -4,7 +4,7 @@
 use daisy_loader::{Arch, Checkpoint, DType, ModelConfig};
 
 use crate::config::{Activation, Config, Family};
-use crate::source::{RawDType, Source};
+use crate::source::{RawDType, RawTensor, Source};
 use crate::{Error, Result};
 
 impl Config {
@@ -50,7 +50,7 @@ impl Source for Checkpoint {
         Ok((shape, Checkpoint::read_f32(self, name)?))
     }
 
-    fn read_raw(&self, name: &str) -> Result<Option<(Vec<usize>, RawDType, Vec<u8>)>> {
+    fn read_raw(&self, name: &str) -> Result<Option<RawTensor>> {
         let shape = shape(self, name)?;
         let (dtype, bytes) = Checkpoint::read_raw(self, name)?;
         let dtype = match dtype {

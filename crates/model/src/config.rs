@@ -64,14 +64,16 @@ impl Config {
         if self.num_layers == 0 {
             faults.push("num_layers is 0".to_string());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             faults.push(format!(
                 "num_heads {} must be a positive multiple of num_key_value_heads {}",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             faults.push(format!(
                 "head_dim {} must be positive and even",
                 self.head_dim
@@ -94,7 +96,7 @@ impl Config {
                 self.num_layers
             ));
         }
-        if self.sliding_window.iter().any(|w| *w == Some(0)) {
+        if self.sliding_window.contains(&Some(0)) {
             faults.push("a sliding window of 0 tokens".to_string());
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {

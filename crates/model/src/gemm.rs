@@ -54,7 +54,10 @@ pub(crate) enum Weight {
 }
 
 fn gemm_err(what: &dyn Fn() -> String, e: daisy_gemm_int8::Error) -> Error {
-    Error::Gemm { what: what(), reason: e.to_string() }
+    Error::Gemm {
+        what: what(),
+        reason: e.to_string(),
+    }
 }
 
 /// `y = x·Wᵀ (+ b)`.
@@ -77,7 +80,8 @@ impl Linear {
         let weight = match precision {
             Precision::F32 => Weight::F32(w),
             Precision::Int8 => Weight::Int8(
-                PackedWeights::new(&w, n, k).map_err(|e| gemm_err(&|| format!("quantizing a {n}x{k} weight"), e))?,
+                PackedWeights::new(&w, n, k)
+                    .map_err(|e| gemm_err(&|| format!("quantizing a {n}x{k} weight"), e))?,
             ),
         };
         Ok(Self { weight, n, k, bias })

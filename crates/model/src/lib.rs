@@ -25,5 +25,5 @@ pub use error::{Error, Result};
 pub use gemm::Precision;
 pub use generate::{GenerateOptions, Generation, Pass, Path, Scored, alone, generate, score};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
-pub use source::{RawDType, Source};
+pub use source::{RawDType, RawTensor, Source};
 pub use stage::Stage;

@@ -86,7 +86,8 @@ pub(crate) fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
     }
 }
 
-/// GPT-2's LayerNorm over each row: `(x − mean) · 1/sqrt(var + eps) · w + b`, biased variance.
+/// GPT-2's LayerNorm over each row, in PyTorch's CPU kernel order: `rstd = 1/sqrt(var + eps)` with the
+/// biased variance, then `(x·rstd + (−rstd·mean))·w + b`.
 pub(crate) fn layer_norm(x: &mut [f32], cols: usize, weight: &[f32], bias: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(cols) {
         let mut sum = 0f32;
@@ -99,9 +100,10 @@ pub(crate) fn layer_norm(x: &mut [f32], cols: usize, weight: &[f32], bias: &[f32
             let d = v - mean;
             ss += d * d;
         }
-        let inv = 1.0 / (ss / cols as f32 + eps).sqrt();
+        let rstd = 1.0 / (ss / cols as f32 + eps).sqrt();
+        let shift = -rstd * mean;
         for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
-            *v = (*v - mean) * inv * w + b;
+            *v = (*v * rstd + shift) * w + b;
         }
     }
 }
@@ -184,8 +186,10 @@ pub(crate) fn softmax(row: &mut [f32]) {
         };
         sum += *v;
     }
+    // PyTorch's CPU softmax multiplies by the reciprocal of the sum.
+    let inv = 1.0 / sum;
     for v in row.iter_mut() {
-        *v /= sum;
+        *v *= inv;
     }
 }
 

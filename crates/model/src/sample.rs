@@ -52,7 +52,7 @@ pub fn draw(seed: u64, position: usize) -> f64 {
 
 /// The token for position `position` (the index it will have in the sequence).
 pub fn pick(logits: &[f32], sampling: Sampling, position: usize) -> u32 {
-    if !(sampling.temperature > 0.0) || logits.is_empty() {
+    if sampling.temperature.is_nan() || sampling.temperature <= 0.0 || logits.is_empty() {
         return argmax(logits);
     }
     let t = sampling.temperature as f64;

@@ -10,13 +10,16 @@ pub enum RawDType {
     BF16,
 }
 
+/// A tensor as stored: shape, dtype and little-endian bytes.
+pub type RawTensor = (Vec<usize>, RawDType, Vec<u8>);
+
 /// The tensors a stage reads. A stage asks only for the tensors it owns.
 pub trait Source {
     /// The tensor `name` widened exactly to f32, with its shape.
     fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)>;
     /// The tensor `name` in its stored dtype when that is f32, f16 or bf16 (`None` otherwise), with
     /// its shape. Used for the embedding, which is kept in its source dtype.
-    fn read_raw(&self, name: &str) -> Result<Option<(Vec<usize>, RawDType, Vec<u8>)>>;
+    fn read_raw(&self, name: &str) -> Result<Option<RawTensor>>;
     /// Whether the checkpoint has a tensor `name`.
     fn has(&self, name: &str) -> bool;
     /// The model fingerprint (DESIGN.md §4).

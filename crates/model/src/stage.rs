@@ -54,7 +54,11 @@ impl Stage {
             });
         }
         // The head first: its transient f32 copy of a tied embedding is gone before layers arrive.
-        let head = if head { Some(load_head(src, cfg, precision)?) } else { None };
+        let head = if head {
+            Some(load_head(src, cfg, precision)?)
+        } else {
+            None
+        };
         let blocks = layers
             .clone()
             .map(|i| Block::load(src, cfg, i, precision))
@@ -83,7 +87,10 @@ impl Stage {
     }
 
     fn ctx(&self) -> Ctx<'_> {
-        Ctx { precision: self.precision, backend: &*self.backend }
+        Ctx {
+            precision: self.precision,
+            backend: &*self.backend,
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -216,15 +223,7 @@ impl Stage {
             }
             None => {
                 for b in &self.blocks {
-                    b.forward(
-                        &self.cfg,
-                        self.ctx(),
-                        &self.inv_freq,
-                        x,
-                        rows,
-                        pos0,
-                        None,
-                    )?;
+                    b.forward(&self.cfg, self.ctx(), &self.inv_freq, x, rows, pos0, None)?;
                 }
             }
         }
