@@ -1,6 +1,7 @@
 //! Encoding throughput: 1 MB of mixed text (the committed corpus, shuffled with a fixed seed and
 //! repeated) through `daisy-tokenizer` and through Hugging Face `tokenizers` in the same run, for
-//! each committed tokenizer fixture (and SmolLM2's when `cargo xtask fixtures` has built it).
+//! each committed tokenizer fixture (and SmolLM2's when `cargo xtask fixtures` has built it): once as
+//! one string, once line by line.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -87,6 +88,39 @@ fn encode(c: &mut Criterion) {
                         .encode_fast(black_box(text.as_str()), false)
                         .map(|e| e.len()),
                 )
+            })
+        });
+    }
+    group.finish();
+
+    // The same megabyte as its lines, one encode call per line: `tokenizers` slows down on one
+    // very long input (its per-piece offset bookkeeping), so this is the fairer comparison.
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let mut group = c.benchmark_group("encode_1MB_by_line");
+    group.throughput(Throughput::Bytes(text.len() as u64));
+    group.sample_size(10);
+    for (name, path) in tokenizers_to_measure() {
+        let json = std::fs::read(&path).expect("tokenizer.json");
+        let ours = daisy_tokenizer::Tokenizer::from_json(&json).expect("ours");
+        let oracle = tokenizers::Tokenizer::from_bytes(&json).expect("tokenizers");
+        group.bench_function(format!("{name}/daisy-tokenizer"), |b| {
+            b.iter(|| {
+                lines
+                    .iter()
+                    .map(|l| ours.encode(black_box(l), false).len())
+                    .sum::<usize>()
+            })
+        });
+        group.bench_function(format!("{name}/tokenizers"), |b| {
+            b.iter(|| {
+                lines
+                    .iter()
+                    .map(|l| {
+                        oracle
+                            .encode_fast(black_box(*l), false)
+                            .map_or(0, |e| e.len())
+                    })
+                    .sum::<usize>()
             })
         });
     }
