@@ -17,6 +17,8 @@ pub(crate) const GPT2_REGEX: &str =
 /// Qwen2's split regex (also Llama 3's, less the digit grouping).
 pub(crate) const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+const BACKTRACK_LIMIT: usize = 1 << 30;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fast {
     Gpt2,
@@ -40,10 +42,15 @@ impl Pattern {
     }
 
     pub(crate) fn regex(pattern: &str) -> Result<Pattern, Error> {
-        let regex = fancy_regex::Regex::new(pattern).map_err(|e| Error::Regex {
-            pattern: pattern.to_owned(),
-            message: e.to_string(),
-        })?;
+        // Oniguruma, which `tokenizers` uses, has no backtracking limit; a high one here keeps a
+        // long whitespace run under `\s+(?!\S)` from failing half-way.
+        let regex = fancy_regex::RegexBuilder::new(pattern)
+            .backtrack_limit(BACKTRACK_LIMIT)
+            .build()
+            .map_err(|e| Error::Regex {
+                pattern: pattern.to_owned(),
+                message: e.to_string(),
+            })?;
         let fast = match pattern {
             GPT2_REGEX => Some(Fast::Gpt2),
             QWEN2_REGEX => Some(Fast::Qwen2),

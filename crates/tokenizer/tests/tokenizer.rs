@@ -180,3 +180,27 @@ fn chat_template_errors_and_specials() {
             .is_none()
     );
 }
+
+#[test]
+fn a_long_whitespace_run_under_a_general_regex_matches_the_oracle() {
+    let base = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ok/base.json"))
+        .expect("read");
+    let mut v: serde_json::Value = serde_json::from_slice(&base).expect("json");
+    v["pre_tokenizer"] = serde_json::json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\S+|\s+(?!\S)|\s+"}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}
+    ]});
+    let bytes = serde_json::to_vec(&v).expect("json");
+    let ours = Tokenizer::from_json(&bytes).expect("ours");
+    let oracle = tokenizers::Tokenizer::from_bytes(&bytes).expect("oracle");
+    let text = format!("ab{}ab", " ".repeat(200_000));
+    let want = oracle.encode(text.as_str(), false).expect("oracle");
+    assert_eq!(ours.encode(&text, false), want.get_ids());
+}
+
+#[test]
+fn tokenizer_and_template_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<ChatTemplate>();
+}
