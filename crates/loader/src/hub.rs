@@ -433,21 +433,10 @@ impl Repo for HubRepo {
         if let Some(cached) = self.small.lock().expect("cache lock").get(name) {
             return Ok(Some(Arc::new(MemSource::new(name, cached.clone()))));
         }
-        let Some((url, mut resp)) = self.request(name, None)? else {
-            return Ok(None);
+        let (url, body) = match self.fetch_whole(name)? {
+            Some(found) => found,
+            None => return Ok(None),
         };
-        check_status(&url, &resp, None)?;
-        let len = resp.content_length();
-        let mut body = Vec::new();
-        match len {
-            Some(len) => read_body(&self.client, &mut resp, len, &mut body)
-                .map_err(|p| http_error(&redact(&url), p))?,
-            None => {
-                resp.read_to_end(&mut body)
-                    .map_err(|e| http_error(&redact(&url), e))?;
-                self.client.count(body.len() as u64);
-            }
-        }
         self.small
             .lock()
             .expect("cache lock")
@@ -465,7 +454,60 @@ impl Repo for HubRepo {
     }
 }
 
+/// A transport failure worth another attempt (the connection broke, or was closed under us).
+fn transient(e: &Error) -> bool {
+    matches!(e, Error::Http { problem, .. }
+        if problem.contains("error sending request") || problem.contains("connection"))
+}
+
 impl HubRepo {
+    /// A whole small file, retried on 5xx answers, broken connections and short bodies.
+    fn fetch_whole(&self, name: &str) -> Result<Option<(Url, Vec<u8>)>, Error> {
+        let (mut last, mut short) = (None, None);
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(200 << attempt));
+            }
+            let (url, mut resp) = match self.request(name, None) {
+                Ok(Some(found)) => found,
+                Ok(None) => return Ok(None),
+                Err(e) if transient(&e) => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if resp.status().is_server_error() {
+                last = Some(http_error(
+                    &redact(&url),
+                    format!("server error {}", resp.status()),
+                ));
+                continue;
+            }
+            check_status(&url, &resp, None)?;
+            let mut body = Vec::new();
+            let read = match resp.content_length() {
+                Some(len) => read_body(&self.client, &mut resp, len, &mut body),
+                None => resp
+                    .read_to_end(&mut body)
+                    .map(|n| self.client.count(n as u64))
+                    .map_err(|e| e.to_string()),
+            };
+            match read {
+                Ok(()) => return Ok(Some((url, body))),
+                Err(problem) => short = Some(http_error(&redact(&url), problem)),
+            }
+        }
+        // A body that broke off says more than the stale connection a retry then met.
+        Err(match short.or(last).expect("at least one attempt") {
+            Error::Http { url, problem } => Error::Http {
+                url,
+                problem: format!("{problem} (after {ATTEMPTS} attempts)"),
+            },
+            other => other,
+        })
+    }
+
     /// A handle on the same repository and pinned commit, for the file sources it hands out.
     fn share(&self) -> Arc<HubRepo> {
         Arc::new(HubRepo {
@@ -585,11 +627,7 @@ impl HttpSource {
                     self.file
                 ))));
             }
-            Err(Error::Http { url, problem })
-                if problem.contains("error sending request") || problem.contains("connection") =>
-            {
-                return Err(Attempt::Retry(Error::Http { url, problem }));
-            }
+            Err(e) if transient(&e) => return Err(Attempt::Retry(e)),
             Err(e) => return Err(Attempt::Fatal(e)),
         };
         if resp.status() == StatusCode::RANGE_NOT_SATISFIABLE {
@@ -731,7 +769,7 @@ impl HttpSource {
         if len == 0 {
             return Ok(out);
         }
-        let mut last = None;
+        let (mut last, mut short) = (None, None);
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(Duration::from_millis(200 << attempt));
@@ -740,10 +778,11 @@ impl HttpSource {
             match self.attempt(start, end - 1, &mut out) {
                 Ok(()) => return Ok(out),
                 Err(Attempt::Fatal(e)) => return Err(e),
+                Err(Attempt::Retry(e)) if e.to_string().contains("short body") => short = Some(e),
                 Err(Attempt::Retry(e)) => last = Some(e),
             }
         }
-        Err(match last.expect("at least one attempt") {
+        Err(match short.or(last).expect("at least one attempt") {
             Error::Http { url, problem } => Error::Http {
                 url,
                 problem: format!("{problem} (after {ATTEMPTS} attempts)"),
