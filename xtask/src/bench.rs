@@ -180,22 +180,19 @@ fn figure(source: &Source, new_dir: &Path) -> anyhow::Result<Figure> {
 }
 
 /// The gemm-int8 targets: prefill (t ≥ 64) as a fraction of the measured int8 peak, and the decode
-/// sweep as a fraction of the measured memory read bandwidth, both with every thread.
+/// sweep as a fraction of the measured memory read bandwidth.
 fn gemm_derived(figures: &[Figure]) -> Vec<Figure> {
-    let most_threads = |prefix: &str| {
+    // The best this machine showed for a prefix (any thread count): a fair denominator even when
+    // other work on the machine slowed the two-thread run.
+    let best = |prefix: &str| {
         figures
             .iter()
-            .filter_map(|f| {
-                let threads: usize = f.name.strip_prefix(prefix)?.parse().ok()?;
-                Some((threads, f.value))
-            })
-            .max_by_key(|&(threads, _)| threads)
-            .map(|(_, v)| v)
+            .filter(|f| f.name.starts_with(prefix))
+            .map(|f| f.value)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
     };
     let mut out = Vec::new();
-    if let Some(peak) = most_threads("gemm-peak/avx512vnni/threads")
-        .or_else(|| most_threads("gemm-peak/avx2/threads"))
-    {
+    if let Some(peak) = best("gemm-peak/avx512vnni/").or_else(|| best("gemm-peak/avx2/")) {
         let prefill: Vec<f64> = figures
             .iter()
             .filter(|f| {
@@ -223,7 +220,7 @@ fn gemm_derived(figures: &[Figure]) -> Vec<Figure> {
         .iter()
         .find(|f| f.name.starts_with("gemm-decode/"))
         .map(|f| f.value);
-    if let (Some(decode), Some(memory)) = (decode, most_threads("memory/read/threads")) {
+    if let (Some(decode), Some(memory)) = (decode, best("memory/read/")) {
         out.push(Figure {
             name: "gemm-int8/decode/of-memory-bandwidth".into(),
             value: 100.0 * decode / memory,

@@ -195,8 +195,28 @@ pub fn gemm_act(
 
 /// Integer GEMM on `backend` from quantized operands, audit, dequantize.
 pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Result<Vec<f32>, Error> {
-    // One buffer: the backend writes i32 accumulators into it, which are then dequantized in place.
     let mut c = vec![0f32; a.rows() * b.n()];
+    gemm_quantized_into(backend, a, b, &mut c)?;
+    Ok(c)
+}
+
+/// [`gemm_quantized`] into a caller's buffer (`a.rows() × b.n()`), so a large output (the lm_head
+/// at long T) is not allocated and faulted in on every call.
+pub fn gemm_quantized_into(
+    backend: &dyn Backend,
+    a: &Quantized,
+    b: Rhs<'_>,
+    c: &mut [f32],
+) -> Result<(), Error> {
+    let expected = a.rows() * b.n();
+    if c.len() != expected {
+        return Err(Error::Shape {
+            what: "output buffer",
+            got: c.len(),
+            expected,
+        });
+    }
+    // One buffer: the backend writes i32 accumulators into it, which are then dequantized in place.
     {
         // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid for
         // both; the view is dropped before `c` is used as f32 again.
@@ -204,6 +224,6 @@ pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Resul
         backend.gemm_i32(a, b, acc)?;
         verify::audit_live(backend, a, b, acc)?;
     }
-    dequantize_in_place(&mut c, a.scales(), b.scales());
-    Ok(c)
+    dequantize_in_place(c, a.scales(), b.scales());
+    Ok(())
 }

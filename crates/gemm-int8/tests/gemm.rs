@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use daisy_gemm_int8::{
     Backend, CpuBackend, Error, Isa, MAX_K, Operand, PackedWeights, Quantized, Rhs, audit,
-    check_shapes, dequantize, exact_gates, gemm, gemm_act, measure_rate, probe, quantize_rows,
-    reference_i32,
+    check_shapes, dequantize, exact_gates, gemm, gemm_act, gemm_quantized_into, measure_rate,
+    probe, quantize_rows, reference_i32,
 };
 
 /// The test's own generator (xorshift64*), independent of the crate's seeded stream.
@@ -243,6 +243,22 @@ fn shapes_and_quantized_parts_are_checked() {
     let mut short = vec![0; 7];
     assert!(matches!(
         be.gemm_i32(&qa, Rhs::Weights(&packed), &mut short),
+        Err(Error::Shape {
+            got: 7,
+            expected: 8,
+            ..
+        })
+    ));
+    let mut c = vec![0f32; 8];
+    gemm_quantized_into(&be, &qa, Rhs::Weights(&packed), &mut c).unwrap();
+    let want = gemm(&be, &[0.5; 16], 2, &packed).unwrap();
+    assert!(
+        c.iter()
+            .map(|v| v.to_bits())
+            .eq(want.iter().map(|v| v.to_bits()))
+    );
+    assert!(matches!(
+        gemm_quantized_into(&be, &qa, Rhs::Weights(&packed), &mut c[..7]),
         Err(Error::Shape {
             got: 7,
             expected: 8,
