@@ -1,7 +1,8 @@
 //! Chat templates from `tokenizer_config.json`, rendered with `minijinja` the way `transformers`
 //! renders them (`transformers/utils/chat_template_utils.py`): `trim_blocks` and `lstrip_blocks`,
 //! loop controls, the variables `messages`, `add_generation_prompt` and the special tokens
-//! (`bos_token`, `eos_token`, `unk_token`, `pad_token`), a `raise_exception` function and a
+//! (`bos_token`, `eos_token`, `unk_token`, `sep_token`, `pad_token`, `cls_token`, `mask_token`:
+//! `transformers`' `special_tokens_map`), a `raise_exception` function and a
 //! `tojson` filter that writes what Python's `json.dumps(x, ensure_ascii=False)` writes.
 //!
 //! This differs from `transformers` in what it leaves out: tools, documents, `strftime_now` and the
@@ -78,7 +79,15 @@ impl ChatTemplate {
             }
         };
         let mut special = BTreeMap::new();
-        for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
+        for key in [
+            "bos_token",
+            "eos_token",
+            "unk_token",
+            "sep_token",
+            "pad_token",
+            "cls_token",
+            "mask_token",
+        ] {
             if let Some(v) = cfg.get(key).and_then(special_token) {
                 special.insert(key, v);
             }
@@ -144,8 +153,6 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Vec<String>> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let (item_sep, key_sep) = match separators.as_deref() {
         Some([a, b]) => (a.clone(), b.clone()),
         Some(_) => {
@@ -159,63 +166,89 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
     };
     let mut out = String::new();
     dump(
-        &json,
+        &value,
         &mut out,
         indent,
         0,
         &item_sep,
         &key_sep,
         sort_keys.unwrap_or(false),
-    );
+    )?;
     Ok(Value::from_safe_string(out))
 }
 
 fn dump(
-    v: &serde_json::Value,
+    v: &Value,
     out: &mut String,
     indent: Option<usize>,
     level: usize,
     item_sep: &str,
     key_sep: &str,
     sort: bool,
-) {
+) -> Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * level));
         }
     };
-    match v {
-        serde_json::Value::Array(items) if !items.is_empty() => {
+    let string = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+        ValueKind::Number => out.push_str(&v.to_string()),
+        ValueKind::String => out.push_str(&string(v.as_str().unwrap_or_default())),
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                dump(item, out, indent, level + 1, item_sep, key_sep, sort);
+                dump(item, out, indent, level + 1, item_sep, key_sep, sort)?;
             }
-            newline(out, level);
+            if !items.is_empty() {
+                newline(out, level);
+            }
             out.push(']');
         }
-        serde_json::Value::Object(map) if !map.is_empty() => {
-            let mut entries: Vec<(&String, &serde_json::Value)> = map.iter().collect();
+        ValueKind::Map => {
+            // Insertion order, as Python dicts keep it, unless sort_keys.
+            let mut keys: Vec<Value> = v.try_iter()?.collect();
             if sort {
-                entries.sort_by(|a, b| a.0.cmp(b.0));
+                keys.sort_by_key(|k| k.to_string());
             }
             out.push('{');
-            for (i, (k, item)) in entries.into_iter().enumerate() {
+            for (i, key) in keys.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push_str(&string(&key.to_string()));
                 out.push_str(key_sep);
-                dump(item, out, indent, level + 1, item_sep, key_sep, sort);
+                dump(
+                    &v.get_item(key)?,
+                    out,
+                    indent,
+                    level + 1,
+                    item_sep,
+                    key_sep,
+                    sort,
+                )?;
             }
-            newline(out, level);
+            if !keys.is_empty() {
+                newline(out, level);
+            }
             out.push('}');
         }
-        other => out.push_str(&other.to_string()),
+        other => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson cannot write a {other} value"),
+            ));
+        }
     }
+    Ok(())
 }

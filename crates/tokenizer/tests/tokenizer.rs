@@ -204,3 +204,62 @@ fn tokenizer_and_template_are_send_and_sync() {
     check::<Tokenizer>();
     check::<ChatTemplate>();
 }
+
+/// A template exercising whitespace control, `tojson` options, `namespace`, `continue` and the
+/// special tokens, rendered by `transformers` into `fixtures/tokenizers/chat_golden.json`.
+#[test]
+fn extra_chat_template_matches_transformers() {
+    let golden: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root().join("fixtures/tokenizers/chat_golden.json")).expect("golden"),
+    )
+    .expect("json");
+    let source = golden["extra_template"]
+        .as_str()
+        .expect("extra_template")
+        .to_owned();
+    let mut special = std::collections::BTreeMap::new();
+    special.insert(
+        "bos_token",
+        golden["extra_special"]["bos_token"]
+            .as_str()
+            .expect("bos")
+            .to_owned(),
+    );
+    special.insert(
+        "eos_token",
+        golden["extra_special"]["eos_token"]
+            .as_str()
+            .expect("eos")
+            .to_owned(),
+    );
+    let template = ChatTemplate::new(source, special).expect("template");
+    let cases = golden["extra_cases"].as_array().expect("extra_cases");
+    assert!(cases.len() >= 5);
+    for (i, case) in cases.iter().enumerate() {
+        let messages: Vec<Message> = case["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| Message {
+                role: m["role"].as_str().expect("role").to_owned(),
+                content: m["content"].as_str().expect("content").to_owned(),
+            })
+            .collect();
+        let add = case["add_generation_prompt"].as_bool().expect("bool");
+        let got = template.render(&messages, add).expect("render");
+        assert_eq!(
+            got,
+            case["rendered"].as_str().expect("rendered"),
+            "case {i}"
+        );
+    }
+    // Mutation: an unknown role reaches raise_exception and fails instead of rendering.
+    let bad = [Message {
+        role: "tool".into(),
+        content: "x".into(),
+    }];
+    match template.render(&bad, false) {
+        Err(Error::Template(msg)) => assert!(msg.contains("unknown role tool"), "{msg}"),
+        other => panic!("expected the template's exception, got {other:?}"),
+    }
+}
