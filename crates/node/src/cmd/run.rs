@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use daisy_gemm_int8::{Backend, CpuBackend, exact_gates};
+use daisy_gemm_int8::Backend;
 use daisy_loader::Checkpoint;
 use daisy_model::{
     Config, GenerateOptions, Pass, Path, Precision, Sampling, Stage, StageCache, generate,
@@ -220,19 +220,17 @@ pub(crate) fn open(model: &str) -> anyhow::Result<Opened> {
     })
 }
 
-/// The backend `--backend` names, admitted by the exact gates.
-pub(crate) fn backend(name: &str) -> anyhow::Result<Arc<dyn Backend>> {
-    match name {
-        "auto" | "cpu" => {
-            let cpu = CpuBackend::new();
-            exact_gates(&cpu).context("the CPU backend failed its exact gates")?;
-            Ok(Arc::new(cpu))
-        }
-        "gpu" => bail!(
-            "--backend gpu: no GPU backend is built into this node yet; use --backend cpu or auto"
-        ),
-        other => bail!("--backend `{other}`, expected auto, cpu or gpu"),
+/// The backend `--backend` names, admitted by the exact gates: `gpu` never falls back, `auto` says on
+/// stderr what it chose and why. Returns the backend and the wgpu adapter's name when it is the GPU.
+pub(crate) fn backend(name: &str) -> anyhow::Result<(Arc<dyn Backend>, Option<String>)> {
+    let choice: daisy_wgsl::BackendChoice = name
+        .parse()
+        .with_context(|| format!("--backend `{name}`, expected auto, cpu or gpu"))?;
+    let selected = daisy_wgsl::select(choice).with_context(|| format!("--backend {name}"))?;
+    if choice == daisy_wgsl::BackendChoice::Auto {
+        eprintln!("{}", selected.reason);
     }
+    Ok((selected.backend, selected.adapter))
 }
 
 /// Load the stages of `plan` with `backend`.
@@ -284,7 +282,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             args.temperature
         );
     }
-    let backend = backend(&args.backend)?;
+    let (backend, adapter) = backend(&args.backend)?;
     let t0 = Instant::now();
     let opened = open(&args.model)?;
     let n_layers = opened.config.num_layers;
@@ -382,7 +380,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             "plan": plan_json,
             "stages": counts,
             "fingerprint": hex(&stages[0].fingerprint()),
-            "backend": { "name": stages[0].backend().name(), "adapter": serde_json::Value::Null },
+            "backend": { "name": stages[0].backend().name(), "adapter": adapter },
             "precision": precision.name(),
             "path": path.name(),
             "hops": hops,

@@ -42,7 +42,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         other => bail!("--format `{other}`, expected text or json"),
     };
     let precision = Precision::parse(&args.precision)?;
-    let backend = backend(&args.backend)?;
+    let (backend, _adapter) = backend(&args.backend)?;
     let opened = open(&args.model)?;
     let ids: Vec<u32> = match (&args.text, &args.file, &args.ids_file) {
         (Some(t), None, None) => opened.tokenizer.encode(t, true),
