@@ -33,7 +33,9 @@ enum Format {
 /// The checkpoint's tokenizer, or an error naming what it refuses. `run` and `inspect` call this
 /// before computing anything.
 pub(crate) fn load_tokenizer(checkpoint: &Checkpoint) -> anyhow::Result<Tokenizer> {
-    let json = checkpoint.tokenizer_json().context("reading tokenizer.json")?;
+    let json = checkpoint
+        .tokenizer_json()
+        .context("reading tokenizer.json")?;
     Tokenizer::from_json(&json).context("loading tokenizer.json")
 }
 
@@ -41,7 +43,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let text = match (&args.text, &args.file) {
         (Some(t), None) => t.clone(),
         (None, Some(path)) => {
-            let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
             match String::from_utf8(bytes) {
                 Ok(s) => s,
                 Err(e) => bail!(
@@ -53,7 +56,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         }
         _ => bail!("give exactly one of --text and --file"),
     };
-    let checkpoint = Checkpoint::open(&args.model).with_context(|| format!("opening model {}", args.model))?;
+    let checkpoint =
+        Checkpoint::open(&args.model).with_context(|| format!("opening model {}", args.model))?;
     let tokenizer = load_tokenizer(&checkpoint)?;
     let ids = tokenizer.encode(&text, true);
     match args.format {
