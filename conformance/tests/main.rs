@@ -8,6 +8,7 @@
 
 mod common;
 mod f32_goldens;
+mod int8;
 mod mutations;
 mod splits;
 mod tokenizer;

@@ -72,40 +72,208 @@ pub(crate) fn matmul_f32(a: &[f32], t: usize, b: &[f32], n: usize, k: usize) -> 
     c
 }
 
+/// Lanes of the vectors PyTorch's CPU reductions accumulate in (256-bit), whose orders the norms and
+/// softmax follow.
+const TORCH_LANES: usize = 8;
+
+/// `Σ x` in the order of PyTorch's CPU `sum` over a contiguous row (`vectorized_inner_sum` with
+/// `row_sum`'s four interleaved vector accumulators, with 8-lane vectors), so that the f32 sums feeding
+/// the int8 quantizers round as the reference's do. Rows longer than 16·4·16 elements take the
+/// same path without PyTorch's cascade levels (not needed by any supported width).
+pub(crate) fn torch_sum(x: &[f32]) -> f32 {
+    const ILP: usize = 4;
+    let vecs = x.len() / TORCH_LANES;
+    let groups = vecs / ILP;
+    let mut acc = [[0f32; TORCH_LANES]; ILP];
+    for g in 0..groups {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let v = &x[(g * ILP + k) * TORCH_LANES..][..TORCH_LANES];
+            for l in 0..TORCH_LANES {
+                a[l] += v[l];
+            }
+        }
+    }
+    for i in groups * ILP..vecs {
+        let v = &x[i * TORCH_LANES..][..TORCH_LANES];
+        for l in 0..TORCH_LANES {
+            acc[0][l] += v[l];
+        }
+    }
+    let mut lanes = acc[0];
+    for a in &acc[1..] {
+        for l in 0..TORCH_LANES {
+            lanes[l] += a[l];
+        }
+    }
+    let mut total = 0f32;
+    for v in &x[vecs * TORCH_LANES..] {
+        total += v;
+    }
+    for l in lanes {
+        total += l;
+    }
+    total
+}
+
+/// `Σ x` in the order of PyTorch's `vec::reduce_all` (one vector accumulator, a partial last vector,
+/// then a halving tree across 16 lanes), as its CPU softmax sums the exponentials.
+pub(crate) fn torch_reduce_sum(x: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut acc = [0f32; LANES];
+    let head = x.len().min(LANES);
+    acc[..head].copy_from_slice(&x[..head]);
+    if x.len() >= LANES {
+        let mut chunks = x[LANES..].chunks_exact(LANES);
+        for c in &mut chunks {
+            for l in 0..LANES {
+                acc[l] += c[l];
+            }
+        }
+        for (l, v) in chunks.remainder().iter().enumerate() {
+            acc[l] += v;
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            acc[j] += acc[j + width];
+        }
+    }
+    acc[0]
+}
+
 /// Llama's RMSNorm over each row: `w · (x · 1/sqrt(mean(x²) + eps))`, as `transformers` orders it.
 pub(crate) fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
+    let mut sq = vec![0f32; cols];
     for row in x.chunks_exact_mut(cols) {
-        let mut ss = 0f32;
-        for v in row.iter() {
-            ss += v * v;
+        for (s, v) in sq.iter_mut().zip(row.iter()) {
+            *s = v * v;
         }
-        let inv = 1.0 / (ss / cols as f32 + eps).sqrt();
+        let inv = 1.0 / (torch_sum(&sq) / cols as f32 + eps).sqrt();
         for (v, w) in row.iter_mut().zip(weight) {
             *v = w * (*v * inv);
         }
     }
 }
 
-/// GPT-2's LayerNorm over each row, in PyTorch's CPU kernel order: `rstd = 1/sqrt(var + eps)` with the
-/// biased variance, then `(x·rstd + (−rstd·mean))·w + b`.
+/// GPT-2's LayerNorm over each row, as PyTorch's CPU kernel computes it: mean and biased variance
+/// from [`row_moments`], `rstd = 1/sqrt(var + eps)`, then `fma((x − mean)·rstd, w, b)`.
+///
+/// `fma` is IEEE 754's correctly rounded fused multiply-add (from `libm`), so this is as portable as
+/// `sqrt`; it is used because PyTorch's kernel uses it, and the int8 reference is PyTorch.
 pub(crate) fn layer_norm(x: &mut [f32], cols: usize, weight: &[f32], bias: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(cols) {
-        let mut sum = 0f32;
-        for v in row.iter() {
-            sum += v;
-        }
-        let mean = sum / cols as f32;
-        let mut ss = 0f32;
-        for v in row.iter() {
-            let d = v - mean;
-            ss += d * d;
-        }
-        let rstd = 1.0 / (ss / cols as f32 + eps).sqrt();
-        let shift = -rstd * mean;
+        let (mean, var) = row_moments(row);
+        let rstd = 1.0 / (var.max(0.0) + eps).sqrt();
         for ((v, w), b) in row.iter_mut().zip(weight).zip(bias) {
-            *v = (*v * rstd + shift) * w + b;
+            *v = libm::fmaf((*v - mean) * rstd, *w, *b);
         }
     }
+}
+
+/// Lanes and chunk length (in vectors) of PyTorch's `RowwiseMoments`.
+const MOMENT_LANES: usize = 8;
+const MOMENT_CHUNK: usize = 16;
+
+/// Merge moments `(n_add, m1_add, m2_add)` into `(n, m1, m2)` per lane (PyTorch's `AddMomentsVec`).
+fn add_moments(
+    n_add: usize,
+    m1_add: &[f32; MOMENT_LANES],
+    m2_add: &[f32; MOMENT_LANES],
+    n: &mut usize,
+    m1: &mut [f32; MOMENT_LANES],
+    m2: &mut [f32; MOMENT_LANES],
+) {
+    let total = *n + n_add;
+    let c = if total == 0 {
+        0.0
+    } else {
+        n_add as f32 / total as f32
+    };
+    let m0 = *n as f32;
+    for l in 0..MOMENT_LANES {
+        let delta = m1_add[l] - m1[l];
+        m1[l] = libm::fmaf(c, delta, m1[l]);
+        m2[l] += libm::fmaf(delta * delta * c, m0, m2_add[l]);
+    }
+    *n = total;
+}
+
+/// Mean and biased variance of a row in the order of PyTorch's `RowwiseMoments` for f32: Welford
+/// over 8-lane vectors in chunks of 16 vectors, chunks merged through a binary-counter stack, a
+/// scalar Welford over the leftover elements, then the lanes merged in order.
+pub(crate) fn row_moments(x: &[f32]) -> (f32, f32) {
+    const L: usize = MOMENT_LANES;
+    let n = x.len() / L;
+    let chunks = n.div_ceil(MOMENT_CHUNK);
+    let depth = if chunks <= 2 {
+        1
+    } else {
+        (usize::BITS - (chunks - 1).leading_zeros()) as usize
+    };
+    let mut m0_stk = vec![0usize; depth];
+    let mut m1_stk = vec![[0f32; L]; depth];
+    let mut m2_stk = vec![[0f32; L]; depth];
+    for i in 0..chunks {
+        let m0 = MOMENT_CHUNK.min(n - i * MOMENT_CHUNK);
+        let (mut m1v, mut m2v) = ([0f32; L], [0f32; L]);
+        for j in 0..m0 {
+            let c = 1.0 / (j + 1) as f32;
+            let xv = &x[(i * MOMENT_CHUNK + j) * L..][..L];
+            for l in 0..L {
+                let d = xv[l] - m1v[l];
+                m1v[l] = libm::fmaf(d, c, m1v[l]);
+                m2v[l] = libm::fmaf(d, xv[l] - m1v[l], m2v[l]);
+            }
+        }
+        add_moments(
+            m0,
+            &m1v,
+            &m2v,
+            &mut m0_stk[0],
+            &mut m1_stk[0],
+            &mut m2_stk[0],
+        );
+        let mut mask = i + 1;
+        let mut j = 1;
+        while j < depth && mask & 1 == 0 {
+            let (n_add, m1_add, m2_add) = (m0_stk[j - 1], m1_stk[j - 1], m2_stk[j - 1]);
+            let (mut nn, mut mm1, mut mm2) = (m0_stk[j], m1_stk[j], m2_stk[j]);
+            add_moments(n_add, &m1_add, &m2_add, &mut nn, &mut mm1, &mut mm2);
+            (m0_stk[j], m1_stk[j], m2_stk[j]) = (nn, mm1, mm2);
+            (m0_stk[j - 1], m1_stk[j - 1], m2_stk[j - 1]) = (0, [0.0; L], [0.0; L]);
+            mask >>= 1;
+            j += 1;
+        }
+    }
+    for i in 1..depth {
+        let (n_add, m1_add, m2_add) = (m0_stk[i], m1_stk[i], m2_stk[i]);
+        let (mut nn, mut mm1, mut mm2) = (m0_stk[0], m1_stk[0], m2_stk[0]);
+        add_moments(n_add, &m1_add, &m2_add, &mut nn, &mut mm1, &mut mm2);
+        (m0_stk[0], m1_stk[0], m2_stk[0]) = (nn, mm1, mm2);
+    }
+    let (m1a, m2a) = (m1_stk[0], m2_stk[0]);
+    let (mut m0, mut m1, mut m2) = (0usize, 0f32, 0f32);
+    for &v in &x[n * L..] {
+        let delta = v - m1;
+        m0 += 1;
+        m1 += delta / m0 as f32;
+        m2 = libm::fmaf(delta, v - m1, m2);
+    }
+    for l in 0..L {
+        let total = m0 + n;
+        let c = if total == 0 {
+            0.0
+        } else {
+            n as f32 / total as f32
+        };
+        let d = m1a[l] - m1;
+        m1 = libm::fmaf(c, d, m1);
+        m2 += libm::fmaf(d * d * c, m0 as f32, m2a[l]);
+        m0 = total;
+    }
+    (m1, m2 / x.len() as f32)
 }
 
 /// `transformers`' default rotary frequencies: `1 / theta^(2i/d)`, computed in f32.
@@ -177,15 +345,14 @@ pub(crate) fn softmax(row: &mut [f32]) {
         row.fill(0.0);
         return;
     }
-    let mut sum = 0f32;
     for v in row.iter_mut() {
         *v = if *v == f32::NEG_INFINITY {
             0.0
         } else {
             libm::expf(*v - max)
         };
-        sum += *v;
     }
+    let sum = torch_reduce_sum(row);
     // PyTorch's CPU softmax multiplies by the reciprocal of the sum.
     let inv = 1.0 / sum;
     for v in row.iter_mut() {
@@ -271,5 +438,60 @@ mod tests {
         assert!((silu(1.0) - 1.0 / (1.0 + (-1f32).exp())).abs() < 1e-7);
         assert!((gelu_new(1.0) - 0.841_192).abs() < 1e-5);
         assert!((gelu_erf(1.0) - 0.841_344_7).abs() < 1e-5);
+    }
+}
+
+#[cfg(test)]
+mod dump {
+    use super::*;
+
+    fn rand(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    fn write(name: &str, v: &[f32]) {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        std::fs::create_dir_all("/tmp/opsdump").unwrap();
+        std::fs::write(format!("/tmp/opsdump/{name}.bin"), bytes).unwrap();
+    }
+
+    #[test]
+    fn dump_ops() {
+        if std::env::var("DUMP_OPS").is_err() {
+            return;
+        }
+        let (rows, cols) = (64, 64);
+        let x = rand(rows * cols, 1, 3.0);
+        let w = rand(cols, 2, 1.5);
+        let b = rand(cols, 3, 0.5);
+        write("x", &x);
+        write("w", &w);
+        write("b", &b);
+        let mut ln = x.clone();
+        layer_norm(&mut ln, cols, &w, &b, 1e-5);
+        write("ln", &ln);
+        let mut rms = x.clone();
+        rms_norm(&mut rms, cols, &w, 1e-6);
+        write("rms", &rms);
+        write("gelu", &x.iter().map(|v| gelu_new(*v)).collect::<Vec<_>>());
+        write("silu", &x.iter().map(|v| silu(*v)).collect::<Vec<_>>());
+        let mut sm = x.clone();
+        for row in sm.chunks_exact_mut(cols) {
+            softmax(row);
+        }
+        write("softmax", &sm);
+        let inv = rope_inv_freq(10000.0, 16);
+        write("inv_freq", &inv);
+        let mut r = x.clone();
+        apply_rope(&mut r, cols, 16, 0, &inv);
+        write("rope", &r);
     }
 }
