@@ -63,6 +63,9 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     for source in SOURCES {
         figures.extend(run_source(source, filter.as_deref())?);
     }
+    if filter.as_deref().is_none_or(|f| "model".contains(f) || f.contains("model")) {
+        figures.extend(super::bench_model::figures()?);
+    }
     if json {
         for f in &figures {
             println!(

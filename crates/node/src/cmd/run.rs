@@ -334,8 +334,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     );
     let t1 = Instant::now();
     let mut ring = LocalRing::new(&plan, &stages, 1);
-    let generation = generate(&stages[0], &prompt_ids, &opts, &mut |p| ring.lap(p))?;
+    // The passes before the first token: the whole window, or every prefill chunk.
+    let prefill_laps = match path {
+        Path::FullWindow => 1,
+        Path::Cached => daisy_model::prefill_chunks(prompt_ids.len()).len(),
+    };
+    let mut prefill_s = 0.0;
+    let generation = generate(&stages[0], &prompt_ids, &opts, &mut |p| {
+        let lap = p.lap;
+        let out = ring.lap(p);
+        if lap + 1 == prefill_laps {
+            prefill_s = t1.elapsed().as_secs_f64();
+        }
+        out
+    })?;
     let generate_s = t1.elapsed().as_secs_f64();
+    let decode_tokens = generation.ids.len().saturating_sub(1);
     let text = opened.tokenizer.decode(&generation.ids, true)?;
 
     let mut verify = serde_json::Value::Null;
@@ -390,7 +404,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 "load_s": load_s,
                 "generate_s": generate_s,
                 "tokens_per_s": generation.ids.len() as f64 / generate_s.max(1e-9),
+                "prefill_s": prefill_s,
+                "prefill_tokens_per_s": prompt_ids.len() as f64 / prefill_s.max(1e-9),
+                "decode_s": generate_s - prefill_s,
+                "decode_tokens_per_s": decode_tokens as f64 / (generate_s - prefill_s).max(1e-9),
             },
+            "params": opened.config.num_params(),
+            "peak_rss_bytes": peak_rss_bytes(),
         });
         println!("{out}");
     } else {
@@ -419,4 +439,12 @@ pub(crate) fn read_text(path: &PathBuf) -> anyhow::Result<String> {
             e.utf8_error().valid_up_to()
         )
     })
+}
+
+/// Peak resident set size of this process (`VmHWM`), when the platform reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
