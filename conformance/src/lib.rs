@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use daisy_loader::Checkpoint;
 use daisy_model::{Config, Pass, Precision, Stage, StageCache};
+use daisy_ring::{Next, route};
 use daisy_wire::{Activation, Fingerprint, Message, Plan, Positions, decode_for, encode};
 use sha2::{Digest, Sha256};
 
@@ -214,26 +215,4 @@ pub fn check_stages(plan: &Plan, stages: &[Stage]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Where the activation of hop `hop` goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Next {
-    Stage(usize),
-    Return,
-}
-
-/// Stand-in for `daisy_ring::route` until that crate lands: hop `h` goes to stage `h + 1`, the last
-/// hop returns to the head.
-fn route(plan: &Plan, hop: usize) -> anyhow::Result<Next> {
-    if hop + 1 < plan.len() {
-        Ok(Next::Stage(hop + 1))
-    } else if hop + 1 == plan.len() {
-        Ok(Next::Return)
-    } else {
-        bail!(
-            "hop {hop} is past the end of a lap of {} stages",
-            plan.len()
-        )
-    }
 }

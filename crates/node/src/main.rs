@@ -36,6 +36,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    quiet_mesa();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -54,5 +55,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => cmd::run::run(args),
         Command::Score(args) => cmd::score::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
+    }
+}
+
+/// Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set" on stderr when a headless
+/// machine has none, which would break the one-line error contract; point it at the temp folder.
+fn quiet_mesa() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: first thing in `main`, before any thread exists that could read the environment.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
     }
 }

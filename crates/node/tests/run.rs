@@ -1,5 +1,5 @@
 //! `node run` and `node score` run as a user would: refusals before computing (the loader's and the
-//! tokenizer's refusal corpora, bad splits, a GPU backend that is not built), and the JSON of a real
+//! tokenizer's refusal corpora, bad splits, an unknown backend), and the JSON of a real
 //! run and score compared with the `transformers` goldens of the tiny fixtures.
 
 use std::path::{Path, PathBuf};
@@ -189,7 +189,7 @@ fn bad_requests_are_refused_in_one_line() {
     for (args, words) in [
         (vec!["--stages", "2,2,2"], "layers"),
         (vec!["--stages", "1,0,3"], "stage 1 holds no layers"),
-        (vec!["--backend", "gpu"], "no GPU backend"),
+        (vec!["--backend", "tpu"], "expected auto, cpu or gpu"),
         (vec!["--precision", "fp16"], "precision"),
         (vec!["--path", "sideways"], "path"),
     ] {

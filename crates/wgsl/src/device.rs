@@ -58,6 +58,28 @@ fn no_adapter(reason: String) -> Error {
     }
 }
 
+/// When every adapter the environment offers is a software rasterizer (llvmpipe, SwiftShader), the
+/// name of the first; `None` when there is a hardware adapter, or none at all. No device is opened.
+/// `WGPU_ADAPTER_NAME` names an adapter on purpose, so with it set this answers `None`.
+pub(crate) fn software_only() -> Option<String> {
+    if std::env::var_os("WGPU_ADAPTER_NAME").is_some() {
+        return None;
+    }
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.flags = wgpu::InstanceFlags::empty();
+    let desc = desc.with_env();
+    let backends = desc.backends;
+    let instance = wgpu::Instance::new(desc);
+    let infos: Vec<wgpu::AdapterInfo> = pollster::block_on(instance.enumerate_adapters(backends))
+        .iter()
+        .map(|a| a.get_info())
+        .collect();
+    if infos.iter().any(|i| i.device_type != wgpu::DeviceType::Cpu) {
+        return None;
+    }
+    infos.first().map(|i| i.name.clone())
+}
+
 async fn open_async() -> Result<Gpu> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.flags = wgpu::InstanceFlags::empty();

@@ -18,6 +18,16 @@ pub enum BackendChoice {
     Gpu,
 }
 
+impl std::fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cpu => "cpu",
+            BackendChoice::Gpu => "gpu",
+        })
+    }
+}
+
 impl std::str::FromStr for BackendChoice {
     type Err = Error;
 
@@ -82,6 +92,17 @@ pub fn select(choice: BackendChoice) -> Result<Selected> {
         }
         BackendChoice::Auto => {
             let cpu = cpu()?;
+            if let Some(software) = crate::device::software_only() {
+                return Ok(Selected {
+                    reason: format!(
+                        "auto: chose {} because the only adapter, {software}, is a software \
+                         rasterizer (slower than the CPU kernels; --backend gpu uses it anyway)",
+                        cpu.name()
+                    ),
+                    backend: Arc::new(cpu),
+                    adapter: None,
+                });
+            }
             let gpu = match GpuBackend::new() {
                 Ok(gpu) => gpu,
                 Err(e) => {

@@ -12,6 +12,7 @@ use daisy_loader::Checkpoint;
 use daisy_model::{
     Config, GenerateOptions, Pass, Path, Precision, Sampling, Stage, StageCache, generate,
 };
+use daisy_ring::{Next, route};
 use daisy_tokenizer::{ChatTemplate, Message as ChatMessage, Tokenizer};
 use daisy_wire::{Activation, Fingerprint, Message, Plan, Positions, decode_for, encode};
 use serde_json::json;
@@ -170,28 +171,6 @@ impl<'a> LocalRing<'a> {
     }
 }
 
-/// Where the activation of hop `hop` goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Next {
-    Stage(usize),
-    Return,
-}
-
-/// Stand-in for `daisy_ring::route` until that crate lands: hop `h` goes to stage `h + 1`, the last
-/// hop returns to the head.
-fn route(plan: &Plan, hop: usize) -> anyhow::Result<Next> {
-    if hop + 1 < plan.len() {
-        Ok(Next::Stage(hop + 1))
-    } else if hop + 1 == plan.len() {
-        Ok(Next::Return)
-    } else {
-        bail!(
-            "hop {hop} is past the end of a lap of {} stages",
-            plan.len()
-        )
-    }
-}
-
 /// A checkpoint opened and validated (config, every tensor header), its config and tokenizer.
 pub(crate) struct Opened {
     pub(crate) checkpoint: Checkpoint,
@@ -222,15 +201,20 @@ pub(crate) fn open(model: &str) -> anyhow::Result<Opened> {
 
 /// The backend `--backend` names, admitted by the exact gates: `gpu` never falls back, `auto` says on
 /// stderr what it chose and why. Returns the backend and the wgpu adapter's name when it is the GPU.
-pub(crate) fn backend(name: &str) -> anyhow::Result<(Arc<dyn Backend>, Option<String>)> {
-    let choice: daisy_wgsl::BackendChoice = name
-        .parse()
-        .with_context(|| format!("--backend `{name}`, expected auto, cpu or gpu"))?;
-    let selected = daisy_wgsl::select(choice).with_context(|| format!("--backend {name}"))?;
+pub(crate) fn backend(
+    choice: daisy_wgsl::BackendChoice,
+) -> anyhow::Result<(Arc<dyn Backend>, Option<String>)> {
+    let selected = daisy_wgsl::select(choice).with_context(|| format!("--backend {choice}"))?;
     if choice == daisy_wgsl::BackendChoice::Auto {
         eprintln!("{}", selected.reason);
     }
     Ok((selected.backend, selected.adapter))
+}
+
+/// `--backend`: auto, cpu or gpu.
+pub(crate) fn parse_backend(name: &str) -> anyhow::Result<daisy_wgsl::BackendChoice> {
+    name.parse()
+        .with_context(|| format!("--backend `{name}`, expected auto, cpu or gpu"))
 }
 
 /// Load the stages of `plan` with `backend`.
@@ -282,7 +266,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             args.temperature
         );
     }
-    let (backend, adapter) = backend(&args.backend)?;
+    let choice = parse_backend(&args.backend)?;
     let t0 = Instant::now();
     let opened = open(&args.model)?;
     let n_layers = opened.config.num_layers;
@@ -311,6 +295,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         bail!("the prompt encodes to no tokens, expected at least one");
     }
     let path = Path::resolve(&args.path, prompt_ids.len(), plan.len())?;
+    // Everything is validated; only now is a backend set up (a GPU's gates take a moment).
+    let (backend, adapter) = backend(choice)?;
     let opts = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         eos_token_ids: opened.config_eos(),

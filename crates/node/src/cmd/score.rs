@@ -8,7 +8,7 @@ use daisy_model::{Precision, score};
 use daisy_wire::Plan;
 use serde_json::json;
 
-use super::run::{LocalRing, backend, load_stages, open, read_text};
+use super::run::{LocalRing, backend, load_stages, open, parse_backend, read_text};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -42,7 +42,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         other => bail!("--format `{other}`, expected text or json"),
     };
     let precision = Precision::parse(&args.precision)?;
-    let (backend, _adapter) = backend(&args.backend)?;
+    let choice = parse_backend(&args.backend)?;
     let opened = open(&args.model)?;
     let ids: Vec<u32> = match (&args.text, &args.file, &args.ids_file) {
         (Some(t), None, None) => opened.tokenizer.encode(t, true),
@@ -66,6 +66,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         bail!("nothing to score: the input has no tokens");
     }
     let plan = Plan::single(opened.config.num_layers)?;
+    let (backend, _adapter) = backend(choice)?;
     let stages = load_stages(&opened, &plan, precision, &backend)?;
     let mut ring = LocalRing::new(&plan, &stages, 1);
     let scored = score(&stages[0], &ids, &mut |p| ring.lap(p))?;
