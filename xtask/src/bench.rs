@@ -63,6 +63,12 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     for source in SOURCES {
         figures.extend(run_source(source, filter.as_deref())?);
     }
+    if filter
+        .as_deref()
+        .is_none_or(|f| "hub".contains(f) || f.contains("hub"))
+    {
+        figures.extend(super::bench_hub::figures()?);
+    }
     if filter.as_deref().is_none_or(|f| "model".contains(f) || f.contains("model")) {
         figures.extend(super::bench_model::figures()?);
     }

@@ -12,6 +12,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, bail};
 
 mod bench;
+mod bench_hub;
 mod bench_model;
 mod conformance;
 mod fixtures;
