@@ -3,9 +3,10 @@
 //! `F32` is the reference: plain f32 products in one fixed order. `Int8` sends every product through
 //! the verified GEMM of `daisy-gemm-int8`, with weights held quantized.
 
-use daisy_gemm_int8::{Backend, PackedWeights, gemm, gemm_act};
+use daisy_gemm_int8::{Backend, PackedWeights, Quantized, gemm, gemm_act, quantize_rows};
 
 use crate::ops::matmul_f32;
+use crate::source::Embedding;
 use crate::{Error, Result};
 
 /// The precision of every matrix product of a run.
@@ -85,6 +86,44 @@ impl Linear {
             ),
         };
         Ok(Self { weight, n, k, bias })
+    }
+
+    /// A tied lm_head: the embedding table as the weight. The int8 copy is quantized a block of rows
+    /// at a time (rows quantize independently, so the bits are those of quantizing the whole table),
+    /// so the table is never held widened to f32 in full.
+    pub(crate) fn tied(
+        precision: Precision,
+        embed: &Embedding,
+        n: usize,
+        k: usize,
+    ) -> Result<Self> {
+        let weight = match precision {
+            Precision::F32 => Weight::F32(embed.to_f32()),
+            Precision::Int8 => {
+                const BLOCK: usize = 1024;
+                let what = || format!("quantizing the tied {n}x{k} lm_head");
+                let (mut q, mut scales) = (Vec::with_capacity(n * k), Vec::with_capacity(n));
+                let mut rows = Vec::with_capacity(BLOCK * k);
+                for r0 in (0..n).step_by(BLOCK) {
+                    let r1 = (r0 + BLOCK).min(n);
+                    rows.clear();
+                    for r in r0..r1 {
+                        embed.row_into(r, &mut rows);
+                    }
+                    let block = quantize_rows(&rows, r1 - r0, k).map_err(|e| gemm_err(&what, e))?;
+                    q.extend_from_slice(block.q());
+                    scales.extend_from_slice(block.scales());
+                }
+                let all = Quantized::from_parts(n, k, q, scales).map_err(|e| gemm_err(&what, e))?;
+                Weight::Int8(PackedWeights::from_quantized(&all))
+            }
+        };
+        Ok(Self {
+            weight,
+            n,
+            k,
+            bias: None,
+        })
     }
 
     /// Bytes held by the weight and bias.

@@ -280,12 +280,11 @@ fn load_head(src: &dyn Source, cfg: &Config, precision: Precision) -> Result<Hea
         Family::Gpt2 => Some(read_shaped(src, &format!("{norm}.bias"), &[h])?),
         Family::Llama => None,
     };
-    let lm = if cfg.tie_word_embeddings {
-        embed.to_f32()
+    let lm_head = if cfg.tie_word_embeddings {
+        Linear::tied(precision, &embed, v, h)?
     } else {
-        read_shaped(src, lm_name, &[v, h])?
+        Linear::new(precision, read_shaped(src, lm_name, &[v, h])?, v, h, None)?
     };
-    let lm_head = Linear::new(precision, lm, v, h, None)?;
     Ok(Head {
         embed,
         wpe,
