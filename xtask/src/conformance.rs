@@ -4,7 +4,13 @@
 
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     crate::fixtures::run(&[])?;
-    let mut cmd = vec!["test", "--package", "daisy-conformance", "--test", "conformance"];
+    let mut cmd = vec![
+        "test",
+        "--package",
+        "daisy-conformance",
+        "--test",
+        "conformance",
+    ];
     if !args.is_empty() {
         cmd.push("--");
         cmd.extend(args.iter().map(String::as_str));
