@@ -69,7 +69,10 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     {
         figures.extend(super::bench_hub::figures()?);
     }
-    if filter.as_deref().is_none_or(|f| "model".contains(f) || f.contains("model")) {
+    if filter
+        .as_deref()
+        .is_none_or(|f| "model".contains(f) || f.contains("model"))
+    {
         figures.extend(super::bench_model::figures()?);
     }
     if json {
