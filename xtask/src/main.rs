@@ -97,7 +97,7 @@ fn ci(args: &[String]) -> anyhow::Result<()> {
 /// the wire and the router, the ids verified against an unsplit run on the head.
 fn demo(args: &[String]) -> anyhow::Result<()> {
     let prompt = match args {
-        [] => "What is the capital of France?",
+        [] => "What are the three primary colors?",
         [p] => p.as_str(),
         _ => bail!("`demo` takes at most one argument, the prompt"),
     };

@@ -243,6 +243,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             solo_ring.lap(p)
         })?;
         let equal = again.ids == generation.ids;
+        if equal && !json_format {
+            eprintln!(
+                "verify: the unsplit run on the head gave the same {} ids",
+                again.ids.len()
+            );
+        }
         if !equal {
             verify_failed = Some(format!(
                 "verify failed: the split run gave ids {:?}, the unsplit run on the head {:?}",
