@@ -5,7 +5,7 @@
 //! golden continuation, wherever the golden margin is at least 1e-3); the first step's logits must be
 //! within 1e-3. The mutation case (a stage missing a layer) must fail the same comparison.
 
-use daisy_conformance::{Model, TINY, golden};
+use daisy_conformance::{Model, TINY, golden, smollm2_dir};
 use daisy_model::{Path, Precision, Sampling, Stage};
 use daisy_wire::Plan;
 
@@ -89,6 +89,12 @@ fn f32_matches_transformers_goldens() {
             .expect("stages");
         faults.extend(compare(name, &plan, &stages));
     }
+    // The real model too: its golden is `fixtures/goldens/SmolLM2-135M-Instruct.json`.
+    let model = Model::open(&smollm2_dir()).expect("SmolLM2 (run `cargo xtask fixtures` first)");
+    let (plan, stages) = model
+        .split(&[model.config.num_layers], Precision::F32)
+        .expect("stages");
+    faults.extend(compare("SmolLM2-135M-Instruct", &plan, &stages));
     assert!(
         faults.is_empty(),
         "{} differences:\n{}",
