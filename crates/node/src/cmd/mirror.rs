@@ -352,6 +352,30 @@ fn folder_commit(folder: &Path) -> anyhow::Result<String> {
     Ok(hex::encode(h.finalize())[..40].to_string())
 }
 
+/// The file `file` of `snapshot` on disk and its size, or the Hub's answer for a bad or missing path.
+fn locate(
+    snapshot: &Snapshot,
+    file: &str,
+    revision: &str,
+) -> Result<(PathBuf, u64), Box<Response>> {
+    let Some(rel) = valid_file(file) else {
+        return Err(Box::new(hub_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidPath",
+            &format!("invalid file path {file:?}"),
+        )));
+    };
+    let path = snapshot.root.join(rel);
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_file() => Ok((path, meta.len())),
+        _ => Err(Box::new(hub_error(
+            StatusCode::NOT_FOUND,
+            "EntryNotFound",
+            &format!("{file} does not exist on \"{revision}\""),
+        ))),
+    }
+}
+
 fn is_weight_file(file: &str) -> bool {
     [
         ".safetensors",
@@ -401,20 +425,9 @@ async fn resolve(
         Ok(s) => s,
         Err(response) => return *response,
     };
-    let Some(rel) = valid_file(&file) else {
-        return hub_error(
-            StatusCode::BAD_REQUEST,
-            "InvalidPath",
-            &format!("invalid file path {file:?}"),
-        );
-    };
-    let path = snapshot.root.join(&rel);
-    let Ok(meta) = std::fs::metadata(&path) else {
-        return hub_error(
-            StatusCode::NOT_FOUND,
-            "EntryNotFound",
-            &format!("{file} does not exist on \"{revision}\""),
-        );
+    let (path, size) = match locate(&snapshot, &file, &revision) {
+        Ok(found) => found,
+        Err(response) => return *response,
     };
     if is_weight_file(&file) {
         let cdn_path = if mirror.fault == Some(Fault::RedirectLoop) {
@@ -435,19 +448,11 @@ async fn resolve(
             HeaderValue::from_str(&location).expect("ascii location"),
         );
         h.insert("x-repo-commit", mirror.commit_header(&snapshot.commit));
-        h.insert("x-linked-size", HeaderValue::from(meta.len()));
+        h.insert("x-linked-size", HeaderValue::from(size));
         return response;
     }
     let client = client_id(&headers, peer);
-    serve_file(
-        &mirror,
-        &path,
-        meta.len(),
-        &snapshot.commit,
-        &headers,
-        client,
-    )
-    .await
+    serve_file(&mirror, &path, size, &snapshot.commit, &headers, client).await
 }
 
 #[derive(serde::Deserialize)]
@@ -477,31 +482,12 @@ async fn cdn_file(
         Ok(s) => s,
         Err(response) => return *response,
     };
-    let Some(rel) = valid_file(&file) else {
-        return hub_error(
-            StatusCode::BAD_REQUEST,
-            "InvalidPath",
-            &format!("invalid file path {file:?}"),
-        );
-    };
-    let path = snapshot.root.join(rel);
-    let Ok(meta) = std::fs::metadata(&path) else {
-        return hub_error(
-            StatusCode::NOT_FOUND,
-            "EntryNotFound",
-            &format!("{file} does not exist"),
-        );
+    let (path, size) = match locate(&snapshot, &file, &commit) {
+        Ok(found) => found,
+        Err(response) => return *response,
     };
     let client = client_id(&headers, peer);
-    serve_file(
-        &mirror,
-        &path,
-        meta.len(),
-        &snapshot.commit,
-        &headers,
-        client,
-    )
-    .await
+    serve_file(&mirror, &path, size, &snapshot.commit, &headers, client).await
 }
 
 /// Parse a single `bytes=` range against a file of `size` bytes: `a-b`, `a-` or `-n`.
