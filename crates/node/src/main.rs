@@ -21,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// List the wgpu adapters this machine offers (hardware or software), without opening a device.
+    Adapters(cmd::adapters::Args),
     /// Load one stage's slice of a model (only its byte ranges) and report bytes and time.
     Fetch(cmd::fetch::Args),
     /// Show a checkpoint's config, tensor table, bytes per layer and tying; validates without computing.
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Adapters(args) => cmd::adapters::run(args),
         Command::Fetch(args) => cmd::fetch::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Mirror(args) => cmd::mirror::run(args),

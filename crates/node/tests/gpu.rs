@@ -61,3 +61,39 @@ fn the_gpu_split_equals_the_cpu_split_bit_for_bit() {
     assert_eq!(gpu["hops"].as_array().unwrap().len(), 3);
     eprintln!("adapter: {adapter}");
 }
+
+/// `node adapters` lists what `--backend gpu` opens, and `--backend auto` (which asks a child
+/// `node adapters`) keeps to the CPU when every adapter is a software rasterizer.
+#[test]
+fn adapters_lists_the_gpu_and_auto_skips_a_software_rasterizer() {
+    let out = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["adapters", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let gpu = run("gpu");
+    let opened = gpu["backend"]["adapter"].as_str().unwrap();
+    let listed = list
+        .iter()
+        .find(|a| opened.starts_with(a["name"].as_str().unwrap()))
+        .unwrap_or_else(|| {
+            panic!("`node adapters` {list:?} lacks the adapter gpu opened, {opened}")
+        });
+    let bad = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["adapters", "--format", "yaml"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--format `yaml`"));
+    if list.iter().all(|a| a["software"] == true) {
+        let auto = run("auto");
+        assert!(listed["software"].as_bool().unwrap());
+        assert!(auto["backend"]["adapter"].is_null(), "{}", auto["backend"]);
+        assert_eq!(auto["ids"], gpu["ids"]);
+    }
+}

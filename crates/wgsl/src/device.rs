@@ -58,26 +58,44 @@ fn no_adapter(reason: String) -> Error {
     }
 }
 
-/// When every adapter the environment offers is a software rasterizer (llvmpipe, SwiftShader), the
-/// name of the first; `None` when there is a hardware adapter, or none at all. No device is opened.
-/// `WGPU_ADAPTER_NAME` names an adapter on purpose, so with it set this answers `None`.
-pub(crate) fn software_only() -> Option<String> {
-    if std::env::var_os("WGPU_ADAPTER_NAME").is_some() {
-        return None;
-    }
+/// One adapter as enumeration reports it (no device opened).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterSummary {
+    /// The adapter's name, e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`.
+    pub name: String,
+    /// Whether it is a software rasterizer (wgpu's `DeviceType::Cpu`: llvmpipe, SwiftShader).
+    pub software: bool,
+}
+
+/// Every adapter the environment offers (`WGPU_BACKEND` honoured). No device is opened, but the
+/// graphics drivers are loaded into this process, which costs resident memory for its lifetime
+/// (~50 MB for Mesa's lavapipe): `node` runs this in a child process for `--backend auto`.
+pub fn adapters() -> Vec<AdapterSummary> {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
     desc.flags = wgpu::InstanceFlags::empty();
     let desc = desc.with_env();
     let backends = desc.backends;
     let instance = wgpu::Instance::new(desc);
-    let infos: Vec<wgpu::AdapterInfo> = pollster::block_on(instance.enumerate_adapters(backends))
+    pollster::block_on(instance.enumerate_adapters(backends))
         .iter()
-        .map(|a| a.get_info())
-        .collect();
-    if infos.iter().any(|i| i.device_type != wgpu::DeviceType::Cpu) {
+        .map(|a| {
+            let info = a.get_info();
+            AdapterSummary {
+                name: info.name,
+                software: info.device_type == wgpu::DeviceType::Cpu,
+            }
+        })
+        .collect()
+}
+
+/// When every adapter in `adapters` is a software rasterizer, the name of the first; `None` when
+/// there is a hardware adapter, or none at all. `WGPU_ADAPTER_NAME` names an adapter on purpose, so
+/// with it set this answers `None`.
+pub(crate) fn software_only(adapters: &[AdapterSummary]) -> Option<String> {
+    if std::env::var_os("WGPU_ADAPTER_NAME").is_some() || adapters.iter().any(|a| !a.software) {
         return None;
     }
-    infos.first().map(|i| i.name.clone())
+    adapters.first().map(|a| a.name.clone())
 }
 
 async fn open_async() -> Result<Gpu> {

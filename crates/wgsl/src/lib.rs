@@ -18,7 +18,8 @@ mod residency;
 mod select;
 
 pub use backend::{GpuBackend, GpuWeights, MAX_K};
+pub use device::{AdapterSummary, adapters};
 pub use error::{Error, Result};
 pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, Kernel};
 pub use residency::{LayerResidency, MAX_LIVE_LAYERS, MatrixShape};
-pub use select::{BackendChoice, Selected, select};
+pub use select::{BackendChoice, Selected, select, select_auto};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use daisy_gemm_int8::{Backend, CpuBackend, exact_gates, measure_rate};
 
 use crate::backend::GpuBackend;
+use crate::device::{AdapterSummary, adapters};
 use crate::error::{Error, Result};
 
 /// What the user asked for.
@@ -90,52 +91,57 @@ pub fn select(choice: BackendChoice) -> Result<Selected> {
                 backend: Arc::new(gpu),
             })
         }
-        BackendChoice::Auto => {
-            let cpu = cpu()?;
-            if let Some(software) = crate::device::software_only() {
-                return Ok(Selected {
-                    reason: format!(
-                        "auto: chose {} because the only adapter, {software}, is a software \
-                         rasterizer (slower than the CPU kernels; --backend gpu uses it anyway)",
-                        cpu.name()
-                    ),
-                    backend: Arc::new(cpu),
-                    adapter: None,
-                });
-            }
-            let gpu = match GpuBackend::new() {
-                Ok(gpu) => gpu,
-                Err(e) => {
-                    return Ok(Selected {
-                        reason: format!(
-                            "auto: chose {} because the gpu is unusable: {e}",
-                            cpu.name()
-                        ),
-                        backend: Arc::new(cpu),
-                        adapter: None,
-                    });
-                }
-            };
-            let cpu_rate = measure_rate(&cpu)?;
-            let gpu_rate = measure_rate(&gpu)?;
-            let rates = format!(
-                "{} at {gpu_rate:.1} GOP/s, {} at {cpu_rate:.1} GOP/s",
-                Backend::name(&gpu),
+        BackendChoice::Auto => select_auto(&adapters()),
+    }
+}
+
+/// `auto` given the adapters an enumeration found (possibly in another process, so that a machine
+/// with only a software rasterizer never loads its driver): the CPU when there is no hardware
+/// adapter; otherwise the faster of the gated GPU and CPU backends by measured rate.
+pub fn select_auto(adapters: &[AdapterSummary]) -> Result<Selected> {
+    let cpu = cpu()?;
+    if let Some(software) = crate::device::software_only(adapters) {
+        return Ok(Selected {
+            reason: format!(
+                "auto: chose {} because the only adapter, {software}, is a software \
+                 rasterizer (slower than the CPU kernels; --backend gpu uses it anyway)",
                 cpu.name()
-            );
-            if gpu_rate > cpu_rate {
-                Ok(Selected {
-                    reason: format!("auto: chose {} (faster: {rates})", Backend::name(&gpu)),
-                    adapter: Some(gpu.adapter_name()),
-                    backend: Arc::new(gpu),
-                })
-            } else {
-                Ok(Selected {
-                    reason: format!("auto: chose {} (faster: {rates})", cpu.name()),
-                    backend: Arc::new(cpu),
-                    adapter: None,
-                })
-            }
+            ),
+            backend: Arc::new(cpu),
+            adapter: None,
+        });
+    }
+    let gpu = match GpuBackend::new() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            return Ok(Selected {
+                reason: format!(
+                    "auto: chose {} because the gpu is unusable: {e}",
+                    cpu.name()
+                ),
+                backend: Arc::new(cpu),
+                adapter: None,
+            });
         }
+    };
+    let cpu_rate = measure_rate(&cpu)?;
+    let gpu_rate = measure_rate(&gpu)?;
+    let rates = format!(
+        "{} at {gpu_rate:.1} GOP/s, {} at {cpu_rate:.1} GOP/s",
+        Backend::name(&gpu),
+        cpu.name()
+    );
+    if gpu_rate > cpu_rate {
+        Ok(Selected {
+            reason: format!("auto: chose {} (faster: {rates})", Backend::name(&gpu)),
+            adapter: Some(gpu.adapter_name()),
+            backend: Arc::new(gpu),
+        })
+    } else {
+        Ok(Selected {
+            reason: format!("auto: chose {} (faster: {rates})", cpu.name()),
+            backend: Arc::new(cpu),
+            adapter: None,
+        })
     }
 }

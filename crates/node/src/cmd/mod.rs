@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub(crate) mod adapters;
 pub(crate) mod fetch;
 pub(crate) mod inspect;
 pub(crate) mod mirror;

@@ -94,7 +94,16 @@ pub(crate) fn open(model: &str) -> anyhow::Result<Opened> {
 pub(crate) fn backend(
     choice: daisy_wgsl::BackendChoice,
 ) -> anyhow::Result<(Arc<dyn Backend>, Option<String>)> {
-    let selected = daisy_wgsl::select(choice).with_context(|| format!("--backend {choice}"))?;
+    let selected = match choice {
+        // Enumerate in a child process: a software rasterizer's driver never enters this one.
+        daisy_wgsl::BackendChoice::Auto => match super::adapters::in_child() {
+            Ok(list) => daisy_wgsl::select_auto(&list),
+            // No child (e.g. the executable was replaced): enumerate here instead.
+            Err(_) => daisy_wgsl::select(choice),
+        },
+        _ => daisy_wgsl::select(choice),
+    }
+    .with_context(|| format!("--backend {choice}"))?;
     if choice == daisy_wgsl::BackendChoice::Auto {
         eprintln!("{}", selected.reason);
     }
