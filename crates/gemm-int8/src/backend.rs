@@ -1,10 +1,9 @@
 //! The backend trait (the integer part of the GEMM) and the CPU backend: kernel choice at run time,
-//! rayon over output-channel panels, and the shared scalar leftover loop.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! the pool's threads over rows and output-channel panels, and the shared scalar leftover loop.
 
 use crate::kernels;
 use crate::packed::{PANEL, PackedWeights};
+use crate::pool;
 use crate::quant::Quantized;
 use crate::{Error, Operand};
 
@@ -194,45 +193,100 @@ impl CpuBackend {
                 unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) }
             }
         };
-        let panels = b.panels();
         let out_ptr = SyncPtr(out.as_mut_ptr());
-        let job = |p0: usize, p1: usize| {
+        let split = Split::new(t, b.panels(), k, pool::pool().threads());
+        let unit = |u: usize| {
             let out = out_ptr;
-            // SAFETY: each job writes only columns [16·p0, 16·p1) ∩ [0, n) of `out` (t × n), and the
-            // jobs' panel ranges are disjoint, so no two threads touch the same element; `out` lives
-            // until every job has returned.
+            let (r0, r1, p0, p1) = split.unit(u);
+            // SAFETY: each unit writes only rows [r0, r1) × columns [16·p0, 16·p1) ∩ [0, n) of `out`
+            // (t × n), units are disjoint, and `out` outlives the pool job.
             unsafe {
-                kernels::gemm_panels(self.isa, a_bytes, t, k, b, p0, p1, out.0, n);
-                leftover(a, b, p0, p1, out.0);
+                let out_rows = out.0.add(r0 * n);
+                kernels::gemm_panels(
+                    self.isa,
+                    &a_bytes[r0 * k..r1 * k],
+                    r1 - r0,
+                    k,
+                    b,
+                    p0,
+                    p1,
+                    out_rows,
+                    n,
+                );
+                leftover(a, b, r0, r1, p0, p1, out.0);
             }
         };
-        let macs = t * n * k;
-        let threads = rayon::current_num_threads().max(1);
-        if macs < PARALLEL_MIN_MACS || panels < 2 || threads == 1 {
-            job(0, panels);
-            return;
+        pool::for_each_chunk(split.units(), unit);
+    }
+}
+
+/// How one GEMM is cut into units of work (rows × panels) shared out over the pool's threads.
+///
+/// Decode-sized calls (t ≤ [`kernels::STREAM_MAX_T`]) are memory-bound: they are cut by panels only,
+/// so every unit streams one contiguous run of B. Larger calls are compute-bound: units are whole
+/// register tiles (multiples of 6 rows × 4 panels) and, where there are few panels, rows are cut
+/// too, so that there are enough units to keep every thread busy to the end.
+struct Split {
+    rows_per: usize,
+    row_units: usize,
+    panels_per: usize,
+    col_units: usize,
+    t: usize,
+    panels: usize,
+}
+
+impl Split {
+    fn new(t: usize, panels: usize, k: usize, threads: usize) -> Self {
+        let macs = t * panels * PANEL * k;
+        let single = Self {
+            rows_per: t,
+            row_units: 1,
+            panels_per: panels,
+            col_units: 1,
+            t,
+            panels,
+        };
+        if threads < 2 || macs < PARALLEL_MIN_MACS {
+            return single;
         }
-        // Chunks of panels are taken from a shared counter by the calling thread and `threads − 1`
-        // pool workers: the caller works instead of sleeping, and a worker that is slow to wake
-        // (other load on the machine) leaves its chunks to the others.
-        let per_thread = if macs >= 1 << 24 { 4 } else { 2 };
-        let chunks = (threads * per_thread).min(panels);
-        let next = AtomicUsize::new(0);
-        let work = || {
-            loop {
-                let c = next.fetch_add(1, Ordering::Relaxed);
-                if c >= chunks {
-                    break;
-                }
-                job(c * panels / chunks, (c + 1) * panels / chunks);
-            }
+        // Aim for several units per thread so a late thread costs little.
+        let target = 8 * threads;
+        let blocks = panels.div_ceil(kernels::NP);
+        let (rows_per, row_units) = if t <= kernels::STREAM_MAX_T {
+            (t, 1)
+        } else {
+            let strips = t.div_ceil(kernels::MR);
+            let want = target.div_ceil(blocks).min(strips);
+            let rows_per = strips.div_ceil(want) * kernels::MR;
+            (rows_per, t.div_ceil(rows_per))
         };
-        rayon::in_place_scope(|s| {
-            for _ in 1..threads.min(chunks) {
-                s.spawn(|_| work());
-            }
-            work();
-        });
+        let col_want = target.div_ceil(row_units).min(blocks);
+        let panels_per = blocks.div_ceil(col_want) * kernels::NP;
+        Self {
+            rows_per,
+            row_units,
+            panels_per,
+            col_units: panels.div_ceil(panels_per),
+            t,
+            panels,
+        }
+    }
+
+    fn units(&self) -> usize {
+        self.row_units * self.col_units
+    }
+
+    /// Unit `u` as rows `[r0, r1)` × panels `[p0, p1)`; consecutive units share a column block.
+    fn unit(&self, u: usize) -> (usize, usize, usize, usize) {
+        let (c, r) = (u / self.row_units, u % self.row_units);
+        let r0 = r * self.rows_per;
+        let p0 = c * self.panels_per;
+        (
+            r0,
+            (r0 + self.rows_per).min(self.t),
+            p0,
+            (p0 + self.panels_per).min(self.panels),
+        )
     }
 }
 
@@ -243,13 +297,21 @@ unsafe impl Send for SyncPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SyncPtr {}
 
-/// The scalar leftover loop: adds the last `K mod 4` products of every row to columns
+/// The scalar leftover loop: adds the last `K mod 4` products of rows `[r0, r1)` to columns
 /// `[16·p0, 16·p1) ∩ [0, n)`.
 ///
 /// # Safety
-/// `out` must point to `a.rows() × b.n()` writable i32 that no other thread touches in these columns.
-unsafe fn leftover(a: &Quantized, b: &PackedWeights, p0: usize, p1: usize, out: *mut i32) {
-    let (t, n, k) = (a.rows(), b.n(), b.k());
+/// `out` must point to `a.rows() × b.n()` writable i32 that no other thread touches in these cells.
+unsafe fn leftover(
+    a: &Quantized,
+    b: &PackedWeights,
+    r0: usize,
+    r1: usize,
+    p0: usize,
+    p1: usize,
+    out: *mut i32,
+) {
+    let (n, k) = (b.n(), b.k());
     let kmain = b.kmain();
     let rest = k - kmain;
     if rest == 0 {
@@ -257,7 +319,7 @@ unsafe fn leftover(a: &Quantized, b: &PackedWeights, p0: usize, p1: usize, out: 
     }
     let tail = b.tail();
     let (c0, c1) = (p0 * PANEL, (p1 * PANEL).min(n));
-    for r in 0..t {
+    for r in r0..r1 {
         let qa = &a.row(r)[kmain..];
         for col in c0..c1 {
             let qb = &tail[col * rest..(col + 1) * rest];
@@ -266,7 +328,7 @@ unsafe fn leftover(a: &Quantized, b: &PackedWeights, p0: usize, p1: usize, out: 
                 .zip(qb)
                 .map(|(&x, &y)| i32::from(x) * i32::from(y))
                 .sum();
-            // SAFETY: r < t and col < n, inside the caller's columns.
+            // SAFETY: r < t and col < n, inside the caller's cells.
             unsafe {
                 let o = out.add(r * n + col);
                 *o = (*o).wrapping_add(s);

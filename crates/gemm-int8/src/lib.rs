@@ -7,11 +7,10 @@
 //! few seeded cells against the scalar reference. [`exact_gates`] admits a backend, [`probe`] hashes a
 //! seeded GEMM so devices can be compared, and [`measure_rate`] feeds the planner.
 
-use rayon::prelude::*;
-
 mod backend;
 mod kernels;
 mod packed;
+mod pool;
 mod quant;
 mod verify;
 
@@ -126,18 +125,23 @@ fn dequantize_one(acc: i32, sa: f32, sb: f32) -> f32 {
     (acc as f32 * sa) * sb
 }
 
-/// Dequantize accumulators stored as raw i32 bits in `c` (`sa.len() × sb.len()`), row-parallel when
-/// large.
+/// Dequantize accumulators stored as raw i32 bits in `c` (`sa.len() × sb.len()`), rows shared out
+/// over the pool when large.
 fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
     let n = sb.len();
     if n == 0 {
         return;
     }
-    let row = |(r, &s): (&mut [f32], &f32)| dequantize_row(r, s, sb);
-    if c.len() >= PARALLEL_MIN_ELEMENTS && sa.len() > 1 {
-        c.par_chunks_mut(n).zip(sa.par_iter()).for_each(row);
+    let rows = pool::rows_per_chunk(sa.len(), n);
+    let job = |(r, s): (&mut [f32], &[f32])| {
+        for (r, &s) in r.chunks_mut(n).zip(s) {
+            dequantize_row(r, s, sb);
+        }
+    };
+    if rows >= sa.len() {
+        job((c, sa));
     } else {
-        c.chunks_mut(n).zip(sa).for_each(row);
+        pool::for_each_item(c.chunks_mut(rows * n).zip(sa.chunks(rows)).collect(), job);
     }
 }
 
@@ -164,7 +168,7 @@ fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
 }
 
 /// Element-wise passes (quantize, dequantize) below this size stay on the calling thread.
-pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 18;
+pub(crate) const PARALLEL_MIN_ELEMENTS: usize = 1 << 14;
 
 /// The full contract with weights packed once: quantize A (`t × k`), integer GEMM on `backend`, audit,
 /// dequantize. Returns C, `t × n`.

@@ -2,14 +2,18 @@
 //!
 //! Layout: output channels in panels of 16; within a panel, K in groups of 4; one 64-byte line per
 //! (panel, group) holding `qb[16p + c][4g + j]` at byte `4c + j`. That line is exactly one operand of
-//! AVX-512 `vpdpbusd` (16 i32 lanes, each a 4-term dot product) and two of the AVX2 kernel, and a panel
-//! streams from memory front to back, which is what decode (T = 1) needs. Columns past N are zero.
+//! AVX-512 `vpdpbusd` (16 i32 lanes, each a 4-term dot product) and two of the AVX2 kernel. Panels go
+//! in blocks of [`NP`] (the widest register tile); within a block the lines go group by group, the
+//! block's panels side by side (`[block][group][panel of the block]`), so a block — and a run of
+//! blocks — streams from memory front to back as one sequence, which is what decode (T = 1) needs.
+//! The last block may hold fewer panels. Columns past N are zero.
 //! The last `K mod 4` values of each row live row-major in `tail`, for the kernels' scalar leftover
 //! loop. `corr` holds `128 · Σ qb[n][k]` over the grouped part of K, which undoes the +128 offset that
 //! makes A unsigned for `vpdpbusd`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::kernels::NP;
 use crate::quant::{Quantized, quantize};
 use crate::{Error, Operand};
 
@@ -66,8 +70,9 @@ impl PackedWeights {
         for (col, sum) in corr.iter_mut().enumerate().take(n) {
             let row = b.row(col);
             let (p, c) = (col / PANEL, col % PANEL);
+            let (first, stride) = line_place(panels, groups, p);
             for (g, quad) in row[..kmain].chunks_exact(4).enumerate() {
-                lines[p * groups + g].0[4 * c..4 * c + 4].copy_from_slice(quad);
+                lines[first + g * stride].0[4 * c..4 * c + 4].copy_from_slice(quad);
             }
             *sum = 128 * row[..kmain].iter().map(|&v| i32::from(v)).sum::<i32>();
             tail.extend_from_slice(&row[kmain..]);
@@ -111,10 +116,22 @@ impl PackedWeights {
     /// Write row `col` (output channel) as plain i8 values into `out` (length K).
     pub fn write_row(&self, col: usize, out: &mut [i8]) {
         let kmain = self.kmain();
-        let groups = kmain / 4;
         let (p, c) = (col / PANEL, col % PANEL);
-        for (g, quad) in out[..kmain].chunks_exact_mut(4).enumerate() {
-            quad.copy_from_slice(&self.lines[p * groups + g].0[4 * c..4 * c + 4]);
+        let (first, stride) = self.line_place(p);
+        let lines = self
+            .lines
+            .get(first..)
+            .unwrap_or_default()
+            .iter()
+            .step_by(stride);
+        for (quad, line) in out[..kmain].chunks_exact_mut(4).zip(lines) {
+            let [x, y, z, w] = [
+                line.0[4 * c],
+                line.0[4 * c + 1],
+                line.0[4 * c + 2],
+                line.0[4 * c + 3],
+            ];
+            quad.copy_from_slice(&[x, y, z, w]);
         }
         let rest = self.k - kmain;
         out[kmain..].copy_from_slice(&self.tail[col * rest..(col + 1) * rest]);
@@ -145,10 +162,10 @@ impl PackedWeights {
         self.n.div_ceil(PANEL)
     }
 
-    /// The lines of panel `p`, one per K group.
-    pub(crate) fn panel(&self, p: usize) -> &[Line] {
-        let g = self.groups();
-        &self.lines[p * g..(p + 1) * g]
+    /// Where panel `p`'s lines are: the index of its group-0 line and the distance between
+    /// consecutive groups (the number of panels in its block).
+    pub(crate) fn line_place(&self, p: usize) -> (usize, usize) {
+        line_place(self.panels(), self.groups(), p)
     }
 
     pub(crate) fn lines(&self) -> &[Line] {
@@ -164,4 +181,11 @@ impl PackedWeights {
     pub(crate) fn corr(&self) -> &[i32] {
         &self.corr
     }
+}
+
+/// [`PackedWeights::line_place`] for `panels` panels of `groups` groups.
+fn line_place(panels: usize, groups: usize, p: usize) -> (usize, usize) {
+    let block = p / NP;
+    let width = NP.min(panels - block * NP);
+    (block * NP * groups + p % NP, width)
 }

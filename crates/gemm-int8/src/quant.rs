@@ -1,6 +1,6 @@
 //! Row quantization (DESIGN.md §3.1–3.3): one f32 scale per row, values rounded ties-to-even into ±127.
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use crate::{Error, MAX_K, Operand};
 
@@ -127,31 +127,54 @@ pub(crate) fn quantize(
     if k == 0 {
         return Ok(Quantized { rows, k, q, scales });
     }
-    type RowJob<'a> = (usize, ((&'a [f32], &'a mut [i8]), &'a mut f32));
-    let job = |(r, ((row, out), scale)): RowJob<'_>| {
-        quantize_row(row, out, scale).map_err(|col| Error::NonFinite {
-            operand,
-            row: r,
-            col,
-            value: row[col],
-        })
-    };
-    if expected >= crate::PARALLEL_MIN_ELEMENTS && rows > 1 {
-        // The first refusal in row order, as the sequential loop would give.
-        let results: Vec<Result<(), Error>> = x
-            .par_chunks_exact(k)
-            .zip(q.par_chunks_exact_mut(k))
-            .zip(scales.par_iter_mut())
-            .enumerate()
-            .map(job)
-            .collect();
-        results.into_iter().collect::<Result<(), Error>>()?;
-    } else {
-        x.chunks_exact(k)
+    let per = crate::pool::rows_per_chunk(rows, k);
+    // Rows `[r0, …)` of `x` into `q` and `scales`; the first refusal by row order.
+    type Rows<'a> = (usize, (&'a [f32], (&'a mut [i8], &'a mut [f32])));
+    let job = |(r0, (x, (q, scales))): Rows<'_>| {
+        for (i, ((row, out), scale)) in x
+            .chunks_exact(k)
             .zip(q.chunks_exact_mut(k))
-            .zip(&mut scales)
+            .zip(scales.iter_mut())
             .enumerate()
-            .try_for_each(job)?;
+        {
+            quantize_row(row, out, scale).map_err(|col| Error::NonFinite {
+                operand,
+                row: r0 + i,
+                col,
+                value: row[col],
+            })?;
+        }
+        Ok(())
+    };
+    if per >= rows {
+        job((0, (x, (&mut q, &mut scales))))?;
+    } else {
+        let first: Mutex<Option<Error>> = Mutex::new(None);
+        let items: Vec<_> = (0..rows)
+            .step_by(per)
+            .zip(
+                x.chunks(per * k)
+                    .zip(q.chunks_mut(per * k).zip(scales.chunks_mut(per))),
+            )
+            .collect();
+        crate::pool::for_each_item(items, |item| {
+            if let Err(e) = job(item) {
+                let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+                let earlier = match (&*first, &e) {
+                    (Some(Error::NonFinite { row: old, .. }), Error::NonFinite { row, .. }) => {
+                        row < old
+                    }
+                    (None, _) => true,
+                    _ => false,
+                };
+                if earlier {
+                    *first = Some(e);
+                }
+            }
+        });
+        if let Some(e) = first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(e);
+        }
     }
     Ok(Quantized { rows, k, q, scales })
 }

@@ -38,15 +38,17 @@ pub(super) unsafe fn gemm_panels(
         return;
     }
     let kc = if t <= STREAM_MAX_T { groups } else { KC_GROUPS };
-    let tile = Tile {
-        a: a.as_ptr(),
-        k,
-        lines: b.lines().as_ptr().cast(),
-        groups,
-        out,
-        n,
-    };
     for p in p0..p1 {
+        let (first, stride) = b.line_place(p);
+        let tile = Tile {
+            a: a.as_ptr(),
+            k,
+            // SAFETY: `first` is the index of a line of `b` (p < panels and groups > 0).
+            lines: unsafe { b.lines().as_ptr().add(first) }.cast(),
+            stride,
+            out,
+            n,
+        };
         let mut g0 = 0;
         while g0 < groups {
             let g1 = (g0 + kc).min(groups);
@@ -69,16 +71,18 @@ pub(super) unsafe fn gemm_panels(
     }
 }
 
+/// One panel's operands: `lines` points at its group-0 line, group g's line is `stride` lines on.
 struct Tile {
     a: *const u8,
     k: usize,
     lines: *const __m256i,
-    groups: usize,
+    stride: usize,
     out: *mut i32,
     n: usize,
 }
 
-/// Rows `[r, r + M)` × panel `p` over K groups `[g0, g1)`; the first block stores, later blocks add.
+/// Rows `[r, r + M)` × panel `p` (the tile's) over K groups `[g0, g1)`; the first block stores, later
+/// blocks add.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn micro<const M: usize>(tile: &Tile, r: usize, p: usize, g0: usize, g1: usize) {
@@ -88,7 +92,7 @@ unsafe fn micro<const M: usize>(tile: &Tile, r: usize, p: usize, g0: usize, g1: 
     // read (4 bytes at row·k + 4g ≤ kmain − 4) and both halves of each 64-byte-aligned line are in bounds.
     unsafe {
         for g in g0..g1 {
-            let line = tile.lines.add(2 * (p * tile.groups + g));
+            let line = tile.lines.add(2 * g * tile.stride);
             let bv = [_mm256_load_si256(line), _mm256_load_si256(line.add(1))];
             for (i, row) in acc.iter_mut().enumerate() {
                 let quad = tile

@@ -7,11 +7,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{KC_GROUPS, STREAM_MAX_T};
+use super::{KC_GROUPS, MR, NP, STREAM_MAX_T};
 use crate::packed::{PANEL, PackedWeights};
-
-const MR: usize = 6;
-const NP: usize = 4;
 
 /// See [`super::gemm_panels`]; `a` holds `qa + 128` as u8.
 ///
@@ -43,26 +40,37 @@ pub(super) unsafe fn gemm_panels(
     let tile = Tile {
         a: a.as_ptr(),
         k,
-        lines: b.lines().as_ptr().cast(),
-        groups,
         corr: b.corr().as_ptr(),
         out,
         n,
     };
-    // Panels outermost: a column block of C (t × 64 i32) stays in L2 across K blocks, the K block of
-    // B (`kc` groups × 4 panels) stays in L1 across every row of A.
+    // Panel blocks outermost: a column block of C (t × 64 i32) stays in L2 across K blocks, the K
+    // block of B (`kc` groups × 4 panels, contiguous) stays in L1 across every row of A.
     let mut p = p0;
     while p < p1 {
-        let np = NP.min(p1 - p);
+        let (first, stride) = b.line_place(p);
+        // The rest of p's block, within [p0, p1).
+        let np = (stride - p % NP).min(p1 - p);
+        // SAFETY: `first` is the index of a line of `b` (p < panels and groups > 0).
+        let lines = unsafe { b.lines().as_ptr().add(first) }.cast::<__m512i>();
         let mut g0 = 0;
         while g0 < groups {
             let g1 = (g0 + kc).min(groups);
             let mut r = 0;
             while r < t {
                 let mr = MR.min(t - r);
-                // SAFETY: r + mr ≤ t, p + np ≤ p1 ≤ panels, g1 ≤ groups; the caller's contract covers
-                // the pointers in `tile`.
-                unsafe { dispatch(&tile, mr, np, r, p, g0, g1) };
+                let at = At {
+                    lines,
+                    stride,
+                    stream: t <= STREAM_MAX_T,
+                    r,
+                    p,
+                    g0,
+                    g1,
+                };
+                // SAFETY: r + mr ≤ t, p + np ≤ p1 ≤ panels and within one block, g1 ≤ groups; the
+                // caller's contract covers the pointers in `tile`.
+                unsafe { dispatch(&tile, mr, np, &at) };
                 r += mr;
             }
             g0 = g1;
@@ -74,59 +82,85 @@ pub(super) unsafe fn gemm_panels(
 struct Tile {
     a: *const u8,
     k: usize,
-    lines: *const __m512i,
-    groups: usize,
     corr: *const i32,
     out: *mut i32,
     n: usize,
 }
 
+/// Where a register tile works: rows from `r`, panels from `p` (whose group-0 line is `lines`, the
+/// next group `stride` lines on, its block's later panels the lines right after), groups `[g0, g1)`.
+#[derive(Clone, Copy)]
+struct At {
+    lines: *const __m512i,
+    stride: usize,
+    /// Decode: prefetch B ahead.
+    stream: bool,
+    r: usize,
+    p: usize,
+    g0: usize,
+    g1: usize,
+}
+
 macro_rules! dispatch_np {
-    ($tile:expr, $m:literal, $np:expr, $r:expr, $p:expr, $g0:expr, $g1:expr) => {
+    ($tile:expr, $m:literal, $np:expr, $at:expr) => {
         match $np {
-            1 => micro::<$m, 1>($tile, $r, $p, $g0, $g1),
-            2 => micro::<$m, 2>($tile, $r, $p, $g0, $g1),
-            3 => micro::<$m, 3>($tile, $r, $p, $g0, $g1),
-            _ => micro::<$m, 4>($tile, $r, $p, $g0, $g1),
+            1 => micro::<$m, 1>($tile, $at),
+            2 => micro::<$m, 2>($tile, $at),
+            3 => micro::<$m, 3>($tile, $at),
+            _ => micro::<$m, 4>($tile, $at),
         }
     };
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn dispatch(tile: &Tile, mr: usize, np: usize, r: usize, p: usize, g0: usize, g1: usize) {
+unsafe fn dispatch(tile: &Tile, mr: usize, np: usize, at: &At) {
     // SAFETY: forwarded from `gemm_panels`.
     unsafe {
         match mr {
-            1 => dispatch_np!(tile, 1, np, r, p, g0, g1),
-            2 => dispatch_np!(tile, 2, np, r, p, g0, g1),
-            3 => dispatch_np!(tile, 3, np, r, p, g0, g1),
-            4 => dispatch_np!(tile, 4, np, r, p, g0, g1),
-            5 => dispatch_np!(tile, 5, np, r, p, g0, g1),
-            _ => dispatch_np!(tile, 6, np, r, p, g0, g1),
+            1 => dispatch_np!(tile, 1, np, at),
+            2 => dispatch_np!(tile, 2, np, at),
+            3 => dispatch_np!(tile, 3, np, at),
+            4 => dispatch_np!(tile, 4, np, at),
+            5 => dispatch_np!(tile, 5, np, at),
+            _ => dispatch_np!(tile, 6, np, at),
         }
     }
 }
+
+/// Groups ahead that a streaming tile (decode) prefetches B.
+const PREFETCH_GROUPS: usize = 16;
 
 /// Rows `[r, r + M)` × panels `[p, p + P)` over K groups `[g0, g1)`; the first block stores
 /// (subtracting the offset correction), later blocks add to what is stored.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn micro<const M: usize, const P: usize>(
-    tile: &Tile,
-    r: usize,
-    p: usize,
-    g0: usize,
-    g1: usize,
-) {
+unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
+    let At {
+        lines,
+        stride,
+        stream,
+        r,
+        p,
+        g0,
+        g1,
+    } = *at;
     let mut acc = [[_mm512_setzero_si512(); P]; M];
-    // SAFETY: the caller guarantees rows r..r+M < t, panels p..p+P < panels and groups g0..g1 ≤ groups,
-    // so every A read (4 bytes at row·k + 4g, 4g + 4 ≤ kmain ≤ k) and every B line is in bounds; lines
-    // are 64-byte aligned (`Line` is `align(64)`).
+    // SAFETY: the caller guarantees rows r..r+M < t, panels p..p+P < panels in one block and groups
+    // g0..g1 ≤ groups, so every A read (4 bytes at row·k + 4g, 4g + 4 ≤ kmain ≤ k) and every B line is
+    // in bounds; lines are 64-byte aligned (`Line` is `align(64)`). Prefetches never fault, and their
+    // addresses are formed with wrapping arithmetic.
     unsafe {
         for g in g0..g1 {
+            let line = lines.add(g * stride);
+            if stream {
+                let ahead = line.wrapping_add(PREFETCH_GROUPS * stride);
+                for j in 0..P {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j).cast());
+                }
+            }
             let mut bv = [_mm512_setzero_si512(); P];
             for (j, v) in bv.iter_mut().enumerate() {
-                *v = _mm512_load_si512(tile.lines.add((p + j) * tile.groups + g));
+                *v = _mm512_load_si512(line.add(j));
             }
             for (i, row) in acc.iter_mut().enumerate() {
                 let quad = tile

@@ -49,5 +49,11 @@ pub(crate) unsafe fn gemm_panels(
 /// while every row of A passes over it.
 pub(crate) const KC_GROUPS: usize = 96;
 
+/// Rows of A in the widest register tile (the AVX-512 kernel's); work is cut in multiples of it.
+pub(crate) const MR: usize = 6;
+
+/// Panels in the widest register tile; work is cut in multiples of it.
+pub(crate) const NP: usize = 4;
+
 /// Rows of A up to which K is not blocked (decode streams B once, front to back).
 pub(crate) const STREAM_MAX_T: usize = 4;

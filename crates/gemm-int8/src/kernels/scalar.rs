@@ -17,14 +17,20 @@ pub(super) unsafe fn gemm_panels(
     out: *mut i32,
     n: usize,
 ) {
+    let (lines, groups) = (b.lines(), b.groups());
     for p in p0..p1 {
-        let lines = b.panel(p);
+        let (first, stride) = b.line_place(p);
         for c in 0..PANEL.min(n - p * PANEL) {
             let col = p * PANEL + c;
             for r in 0..t {
-                let row = &a[r * k..r * k + 4 * lines.len()];
+                let row = &a[r * k..r * k + 4 * groups];
                 let mut acc = 0i32;
-                for (line, quad) in lines.iter().zip(row.chunks_exact(4)) {
+                let panel = lines
+                    .get(first..)
+                    .unwrap_or_default()
+                    .iter()
+                    .step_by(stride);
+                for (line, quad) in panel.zip(row.chunks_exact(4)) {
                     for (&x, &y) in quad.iter().zip(&line.0[4 * c..4 * c + 4]) {
                         acc += i32::from(x as i8) * i32::from(y);
                     }
