@@ -181,14 +181,25 @@ pub(crate) fn quantize(
 
 /// Quantize one row into `out`, setting `scale`; a non-finite element is refused by its column.
 ///
-/// Compiled twice, for baseline x86-64 and for AVX2 (only integer ops and single IEEE operations, so
-/// both give the same bits); the AVX2 copy is chosen at run time.
+/// Compiled three times, for baseline x86-64, AVX2 and AVX-512 (only integer ops and single IEEE
+/// operations, so every copy gives the same bits); the widest the CPU runs is chosen at run time.
 fn quantize_row(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
+        return unsafe { quantize_row_avx512(row, out, scale) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected just above.
         return unsafe { quantize_row_avx2(row, out, scale) };
     }
+    quantize_row_impl(row, out, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
     quantize_row_impl(row, out, scale)
 }
 
