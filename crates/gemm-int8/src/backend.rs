@@ -222,10 +222,11 @@ impl CpuBackend {
 
 /// How one GEMM is cut into units of work (rows × panels) shared out over the pool's threads.
 ///
-/// Decode-sized calls (t ≤ [`kernels::STREAM_MAX_T`]) are memory-bound: they are cut by panels only,
-/// so every unit streams one contiguous run of B. Larger calls are compute-bound: units are whole
-/// register tiles (multiples of 6 rows × 4 panels) and, where there are few panels, rows are cut
-/// too, so that there are enough units to keep every thread busy to the end.
+/// Units are whole panel blocks (the layout's streams and the widest register tile) and whole row
+/// strips. Memory-bound calls (t < [`COMPUTE_MIN_T`]) are cut by panels only where there are enough
+/// of them, so that every unit streams its own run of B once. Compute-bound calls are cut into many
+/// similar units — by panel blocks, and by rows where the blocks are few — so that a thread that
+/// finishes early finds work left until close to the end.
 struct Split {
     rows_per: usize,
     row_units: usize,
@@ -235,38 +236,44 @@ struct Split {
     panels: usize,
 }
 
+/// Rows from which a GEMM is compute-bound (each B byte then feeds enough multiply-adds that B may
+/// be read once per row unit).
+const COMPUTE_MIN_T: usize = 32;
+
 impl Split {
     fn new(t: usize, panels: usize, k: usize, threads: usize) -> Self {
         let macs = t * panels * PANEL * k;
-        let single = Self {
+        let blocks = panels.div_ceil(kernels::NP);
+        let strips = t.div_ceil(kernels::MR);
+        // Columns only, `per` blocks per unit.
+        let by_columns = |per: usize| Self {
             rows_per: t,
             row_units: 1,
-            panels_per: panels,
-            col_units: 1,
+            panels_per: per * kernels::NP,
+            col_units: blocks.div_ceil(per),
             t,
             panels,
         };
-        if threads < 2 || macs < PARALLEL_MIN_MACS {
-            return single;
+        if threads < 2 || macs < PARALLEL_MIN_MACS || blocks == 0 {
+            return by_columns(blocks.max(1));
         }
-        // Aim for several units per thread so a late thread costs little.
-        let target = 8 * threads;
-        let blocks = panels.div_ceil(kernels::NP);
-        let (rows_per, row_units) = if t <= kernels::STREAM_MAX_T {
-            (t, 1)
-        } else {
-            let strips = t.div_ceil(kernels::MR);
-            let want = target.div_ceil(blocks).min(strips);
-            let rows_per = strips.div_ceil(want) * kernels::MR;
-            (rows_per, t.div_ceil(rows_per))
-        };
-        let col_want = target.div_ceil(row_units).min(blocks);
-        let panels_per = blocks.div_ceil(col_want) * kernels::NP;
+        let target = 16 * threads;
+        let memory_bound = t < COMPUTE_MIN_T && blocks >= 2 * threads;
+        if t <= kernels::STREAM_MAX_T || memory_bound || blocks >= target {
+            return by_columns(blocks.div_ceil(target));
+        }
+        // One block per unit, rows cut into at least two strips per unit where there are enough.
+        let row_units = strips.min(target.div_ceil(blocks));
+        let mut per = strips.div_ceil(row_units);
+        if strips >= 4 {
+            per = per.max(2);
+        }
+        let rows_per = per * kernels::MR;
         Self {
             rows_per,
-            row_units,
-            panels_per,
-            col_units: panels.div_ceil(panels_per),
+            row_units: t.div_ceil(rows_per),
+            panels_per: kernels::NP,
+            col_units: blocks,
             t,
             panels,
         }

@@ -36,7 +36,11 @@ pub(super) unsafe fn gemm_panels(
         }
         return;
     }
-    let kc = if t <= STREAM_MAX_T { groups } else { KC_GROUPS };
+    let kc = if t <= STREAM_MAX_T {
+        groups
+    } else {
+        groups.div_ceil(groups.div_ceil(KC_GROUPS))
+    };
     let tile = Tile {
         a: a.as_ptr(),
         k,
