@@ -145,8 +145,8 @@ fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
     }
 }
 
-/// One row of [`dequantize_in_place`], with an AVX2 copy chosen at run time (same IEEE operations,
-/// same bits).
+/// One row of [`dequantize_in_place`], with AVX2 and AVX-512 copies chosen at run time (same IEEE
+/// operations, same bits: Rust never fuses separate operations into an FMA).
 fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
     #[inline(always)]
     fn body(r: &mut [f32], s: f32, sb: &[f32]) {
@@ -158,6 +158,16 @@ fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
     #[target_feature(enable = "avx2")]
     unsafe fn body_avx2(r: &mut [f32], s: f32, sb: &[f32]) {
         body(r, s, sb)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn body_avx512(r: &mut [f32], s: f32, sb: &[f32]) {
+        body(r, s, sb)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F was detected just above.
+        return unsafe { body_avx512(r, s, sb) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {

@@ -66,7 +66,6 @@ pub(super) unsafe fn gemm_panels(
                 let at = At {
                     lines,
                     stride,
-                    stream: t <= STREAM_MAX_T,
                     r,
                     p,
                     g0,
@@ -97,8 +96,6 @@ struct Tile {
 struct At {
     lines: *const __m512i,
     stride: usize,
-    /// Decode: prefetch B ahead.
-    stream: bool,
     r: usize,
     p: usize,
     g0: usize,
@@ -131,9 +128,6 @@ unsafe fn dispatch(tile: &Tile, mr: usize, np: usize, at: &At) {
     }
 }
 
-/// Groups ahead that a streaming tile (decode) prefetches B.
-const PREFETCH_GROUPS: usize = 16;
-
 /// Rows `[r, r + M)` × panels `[p, p + P)` over K groups `[g0, g1)`; the first block stores
 /// (subtracting the offset correction), later blocks add to what is stored.
 #[inline]
@@ -142,7 +136,6 @@ unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
     let At {
         lines,
         stride,
-        stream,
         r,
         p,
         g0,
@@ -151,17 +144,10 @@ unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
     let mut acc = [[_mm512_setzero_si512(); P]; M];
     // SAFETY: the caller guarantees rows r..r+M < t, panels p..p+P < panels in one block and groups
     // g0..g1 ≤ groups, so every A read (4 bytes at row·k + 4g, 4g + 4 ≤ kmain ≤ k) and every B line is
-    // in bounds; lines are 64-byte aligned (`Line` is `align(64)`). Prefetches never fault, and their
-    // addresses are formed with wrapping arithmetic.
+    // in bounds; lines are 64-byte aligned (`Line` is `align(64)`).
     unsafe {
         for g in g0..g1 {
             let line = lines.add(g * stride);
-            if stream {
-                let ahead = line.wrapping_add(PREFETCH_GROUPS * stride);
-                for j in 0..P {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j).cast());
-                }
-            }
             let mut bv = [_mm512_setzero_si512(); P];
             for (j, v) in bv.iter_mut().enumerate() {
                 *v = _mm512_load_si512(line.add(j));
