@@ -115,6 +115,52 @@ fn every_kernel_equals_the_reference_on_the_shape_table() {
     assert_eq!(cases, KS.len() * TS.len() * 2 * backends.len());
 }
 
+/// The ways the CPU backend cuts a GEMM over its threads (by panel blocks for decode, by rows and
+/// blocks for prefill, a last block of fewer panels, leftover rows and K) against the reference,
+/// with a mutation case: weights with their very last element's sign flipped must give another
+/// result on every path.
+#[test]
+fn every_work_split_equals_the_reference() {
+    let shapes = [
+        (1, 576, 576),
+        (1, 1535, 1000),
+        (3, 64, 4100),
+        (5, 577, 200),
+        (16, 576, 1540),
+        (33, 131, 300),
+        (64, 576, 192),
+        (67, 579, 900),
+        (512, 68, 190),
+    ];
+    for (t, k, n) in shapes {
+        let seed = (t * 7 + k * 13 + n) as u64;
+        let qa = quantize_rows(&matrix(seed, t, k), t, k).unwrap();
+        let w = matrix(seed ^ 0xABCD, n, k);
+        let packed = PackedWeights::new(&w, n, k).unwrap();
+        let mut flipped = w.clone();
+        flipped[n * k - 1] = -flipped[n * k - 1];
+        let mutant = PackedWeights::new(&flipped, n, k).unwrap();
+        let mut want = vec![0; t * n];
+        reference_i32(&qa, Rhs::Weights(&packed), &mut want).unwrap();
+        for be in backends() {
+            let mut got = vec![0; t * n];
+            be.gemm_i32(&qa, Rhs::Weights(&packed), &mut got).unwrap();
+            assert_eq!(
+                first_diff(&got, &want),
+                None,
+                "{} t={t} k={k} n={n}: (cell, got, want)",
+                be.name()
+            );
+            be.gemm_i32(&qa, Rhs::Weights(&mutant), &mut got).unwrap();
+            assert!(
+                first_diff(&got, &want).is_some(),
+                "{} t={t} k={k} n={n}: the flipped weight went unseen",
+                be.name()
+            );
+        }
+    }
+}
+
 /// ±1.0 quantizes to ±127; every row and column pattern at K = 131071 reaches |acc| = 127² · 131071.
 #[test]
 fn extremes_at_the_largest_k_do_not_overflow() {
