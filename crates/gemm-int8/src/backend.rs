@@ -235,7 +235,9 @@ struct Split {
     rows_per: usize,
     row_units: usize,
     panels_per: usize,
-    col_units: usize,
+    /// Column units of `panels_per` panels; the panels after them make `pieces` more units.
+    whole: usize,
+    pieces: usize,
     t: usize,
     panels: usize,
 }
@@ -249,14 +251,26 @@ impl Split {
         let macs = t * panels * PANEL * k;
         let blocks = panels.div_ceil(kernels::NP);
         let strips = t.div_ceil(kernels::MR);
-        // Columns only, `per` blocks per unit.
-        let by_columns = |per: usize| Self {
-            rows_per: t,
-            row_units: 1,
-            panels_per: per * kernels::NP,
-            col_units: blocks.div_ceil(per),
-            t,
-            panels,
+        // Columns only, `per` blocks per unit. With one block per unit and a count of blocks that
+        // the threads do not divide (SmolLM2's q, o and down have 9), the last block is cut into
+        // a piece per thread, so that the threads end together.
+        let by_columns = |per: usize| {
+            let units = blocks.div_ceil(per);
+            let last = panels - (units - 1) * per * kernels::NP;
+            let (whole, pieces) = if per == 1 && threads > 1 && units % threads != 0 && last > 1 {
+                (units - 1, threads.min(last))
+            } else {
+                (units, 0)
+            };
+            Self {
+                rows_per: t,
+                row_units: 1,
+                panels_per: per * kernels::NP,
+                whole,
+                pieces,
+                t,
+                panels,
+            }
         };
         let small = if t <= kernels::STREAM_MAX_T {
             panels * PANEL * k < PARALLEL_MIN_BYTES
@@ -264,7 +278,15 @@ impl Split {
             macs < PARALLEL_MIN_MACS
         };
         if threads < 2 || small || blocks == 0 {
-            return by_columns(blocks.max(1));
+            return Self {
+                rows_per: t,
+                row_units: 1,
+                panels_per: panels,
+                whole: 1,
+                pieces: 0,
+                t,
+                panels,
+            };
         }
         let target = 16 * threads;
         let memory_bound = t < COMPUTE_MIN_T && blocks >= 2 * threads;
@@ -282,27 +304,33 @@ impl Split {
             rows_per,
             row_units: t.div_ceil(rows_per),
             panels_per: kernels::NP,
-            col_units: blocks,
+            whole: blocks,
+            pieces: 0,
             t,
             panels,
         }
     }
 
     fn units(&self) -> usize {
-        self.row_units * self.col_units
+        self.row_units * (self.whole + self.pieces)
     }
 
     /// Unit `u` as rows `[r0, r1)` × panels `[p0, p1)`; consecutive units share a column block.
     fn unit(&self, u: usize) -> (usize, usize, usize, usize) {
         let (c, r) = (u / self.row_units, u % self.row_units);
         let r0 = r * self.rows_per;
-        let p0 = c * self.panels_per;
-        (
-            r0,
-            (r0 + self.rows_per).min(self.t),
-            p0,
-            (p0 + self.panels_per).min(self.panels),
-        )
+        let (p0, p1) = if c < self.whole {
+            let p0 = c * self.panels_per;
+            (p0, (p0 + self.panels_per).min(self.panels))
+        } else {
+            let base = self.whole * self.panels_per;
+            let (i, rest) = (c - self.whole, self.panels - base);
+            (
+                base + i * rest / self.pieces,
+                base + (i + 1) * rest / self.pieces,
+            )
+        };
+        (r0, (r0 + self.rows_per).min(self.t), p0, p1)
     }
 }
 
