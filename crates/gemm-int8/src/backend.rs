@@ -257,11 +257,12 @@ impl Split {
         let by_columns = |per: usize| {
             let units = blocks.div_ceil(per);
             let last = panels - (units - 1) * per * kernels::NP;
-            let (whole, pieces) = if per == 1 && threads > 1 && units % threads != 0 && last > 1 {
-                (units - 1, threads.min(last))
-            } else {
-                (units, 0)
-            };
+            let (whole, pieces) =
+                if per == 1 && threads > 1 && !units.is_multiple_of(threads) && last > 1 {
+                    (units - 1, threads.min(last))
+                } else {
+                    (units, 0)
+                };
             Self {
                 rows_per: t,
                 row_units: 1,
