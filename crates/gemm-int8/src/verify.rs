@@ -130,23 +130,49 @@ fn audit_named(
             (row, col)
         })
         .collect();
-    let mut qb = vec![0i8; b.k()];
-    for (row, col) in picks {
-        let cell = row * n + col;
-        b.write_row(col, &mut qb);
-        let expected = reference_cell(a.row(row), &qb);
-        if acc[cell] != expected {
-            return Err(Error::AuditMismatch {
-                backend: backend(),
-                row,
-                col,
-                got: acc[cell],
-                expected,
-            });
-        }
+    // The first disagreeing cell (in the seeded order) among those whose index is `h` modulo
+    // `step`: (index, got, expected).
+    let check = |h: usize, step: usize| -> Option<(usize, i32, i32)> {
+        let mut qb = vec![0i8; b.k()];
+        picks
+            .iter()
+            .enumerate()
+            .skip(h)
+            .step_by(step)
+            .find_map(|(i, &(row, col))| {
+                b.write_row(col, &mut qb);
+                let expected = reference_cell(a.row(row), &qb);
+                let got = acc[row * n + col];
+                (got != expected).then_some((i, got, expected))
+            })
+    };
+    // Long rows: the two blocks' cells on two threads (after a decode GEMM the audited panels are
+    // out in the last-level cache, and gathering them is most of the audit's time).
+    let first = if b.k() >= AUDIT_PARALLEL_MIN_K && cells >= 2 {
+        let halves = std::sync::Mutex::new([None; 2]);
+        crate::pool::for_each_chunk(2, |h| {
+            let found = check(h, 2);
+            halves.lock().unwrap_or_else(|e| e.into_inner())[h] = found;
+        });
+        let halves = halves.into_inner().unwrap_or_else(|e| e.into_inner());
+        halves.into_iter().flatten().min_by_key(|&(i, ..)| i)
+    } else {
+        check(0, 1)
+    };
+    match first {
+        None => Ok(()),
+        Some((i, got, expected)) => Err(Error::AuditMismatch {
+            backend: backend(),
+            row: picks[i].0,
+            col: picks[i].1,
+            got,
+            expected,
+        }),
     }
-    Ok(())
 }
+
+/// Row length from which [`audit`] checks its two blocks on two threads.
+const AUDIT_PARALLEL_MIN_K: usize = 512;
 
 static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_A0D1_7000_0000);
 
