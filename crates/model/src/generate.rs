@@ -227,7 +227,7 @@ fn log_softmax_at(row: &[f32], i: usize) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f32;
     for &l in row {
-        sum += libm::expf(l - max);
+        sum += crate::ops::exp(l - max);
     }
     row.get(i)
         .map_or(f32::NEG_INFINITY, |&l| l - max - libm::logf(sum))
