@@ -33,6 +33,8 @@ pub(crate) struct Pool {
     /// A worker's job panicked (re-raised on the caller).
     panicked: AtomicBool,
     sleepers: AtomicUsize,
+    /// The CPU the caller of the latest job ran on (`usize::MAX` when unknown).
+    caller_cpu: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -51,6 +53,7 @@ pub(crate) fn pool() -> &'static Pool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            caller_cpu: AtomicUsize::new(usize::MAX),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         }));
@@ -85,6 +88,7 @@ impl Pool {
             f();
             return;
         }
+        self.caller_cpu.store(current_cpu(), Ordering::Relaxed);
         let job: JobRef<'_> = f;
         self.job
             .store((&raw const job).cast_mut().cast(), Ordering::Relaxed);
@@ -100,8 +104,16 @@ impl Pool {
         // No worker may join from now on; wait for those inside to leave, after which nothing
         // refers to `job` or `f` any more.
         self.ticket.fetch_or(CLOSED, Ordering::AcqRel);
+        let mut spins = 0u32;
         while self.ticket.load(Ordering::Acquire) & INSIDE != 0 {
-            std::hint::spin_loop();
+            // A worker that was preempted inside the job (other load on the machine, possibly on
+            // this very core) needs a core to finish: after a short spin, give it this one.
+            spins = spins.saturating_add(1);
+            if spins < 1 << 12 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         let theirs = self.panicked.swap(false, Ordering::Relaxed);
         self.busy.store(false, Ordering::Release);
@@ -164,7 +176,12 @@ impl Pool {
             if !spins.is_multiple_of(256) {
                 continue;
             }
-            if start.elapsed() < SPIN {
+            // Spinning on the caller's own core (other load on the machine left no other core)
+            // only takes time from the caller: park instead; a wake-up places a thread on an idle
+            // core when there is one.
+            let cpu = current_cpu();
+            let shared = cpu != usize::MAX && cpu == self.caller_cpu.load(Ordering::Relaxed);
+            if start.elapsed() < SPIN && !shared {
                 std::thread::yield_now();
                 continue;
             }
@@ -178,6 +195,19 @@ impl Pool {
             start = Instant::now();
         }
     }
+}
+
+/// The CPU this thread runs on, `usize::MAX` where unknown.
+fn current_cpu() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sched_getcpu takes no arguments and only reads the current CPU number.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if let Ok(cpu) = usize::try_from(cpu) {
+            return cpu;
+        }
+    }
+    usize::MAX
 }
 
 /// Split `0..count` into chunks taken in turn from a shared counter by every thread of a job.
