@@ -198,12 +198,11 @@ impl CpuBackend {
             }
         };
         let out_ptr = SyncPtr(out.as_mut_ptr());
-        let split = Split::new(t, b.panels(), k, pool::pool().threads());
-        let unit = |u: usize| {
+        // Rows [r0, r1) × panels [p0, p1).
+        let tile = |r0: usize, r1: usize, p0: usize, p1: usize| {
             let out = out_ptr;
-            let (r0, r1, p0, p1) = split.unit(u);
-            // SAFETY: each unit writes only rows [r0, r1) × columns [16·p0, 16·p1) ∩ [0, n) of `out`
-            // (t × n), units are disjoint, and `out` outlives the pool job.
+            // SAFETY: every caller below hands out disjoint rows × panels of `out` (t × n), each
+            // written only by the thread that got it, and `out` outlives the pool job.
             unsafe {
                 let out_rows = out.0.add(r0 * n);
                 kernels::gemm_panels(
@@ -220,107 +219,108 @@ impl CpuBackend {
                 leftover(a, b, r0, r1, p0, p1, out.0);
             }
         };
-        pool::for_each_chunk(split.units(), unit);
+        let panels = b.panels();
+        match Split::new(t, panels, k, pool::pool().threads()) {
+            Split::Columns(split) => pool::for_each_chunk(split.units(), |u| {
+                let (p0, p1) = split.unit(u);
+                tile(0, t, p0, p1);
+            }),
+            Split::Tiles { strips } => {
+                // Items are (panel block, row strip) pairs, block by block; a run of them is cut
+                // into one call per block.
+                pool::for_each_guided(panels.div_ceil(kernels::NP) * strips, |i0, i1| {
+                    let mut i = i0;
+                    while i < i1 {
+                        let (block, s0) = (i / strips, i % strips);
+                        let s1 = (s0 + i1 - i).min(strips);
+                        let p0 = block * kernels::NP;
+                        tile(
+                            s0 * kernels::MR,
+                            (s1 * kernels::MR).min(t),
+                            p0,
+                            (p0 + kernels::NP).min(panels),
+                        );
+                        i += s1 - s0;
+                    }
+                });
+            }
+        }
     }
 }
 
-/// How one GEMM is cut into units of work (rows × panels) shared out over the pool's threads.
-///
-/// Units are whole panel blocks (the layout's streams and the widest register tile) and whole row
-/// strips. Memory-bound calls (t < [`COMPUTE_MIN_T`]) are cut by panels only where there are enough
-/// of them, so that every unit streams its own run of B once. Compute-bound calls are cut into many
-/// similar units — by panel blocks, and by rows where the blocks are few — so that a thread that
-/// finishes early finds work left until close to the end.
-struct Split {
-    rows_per: usize,
-    row_units: usize,
-    panels_per: usize,
-    /// Column units of `panels_per` panels; the panels after them make `pieces` more units.
-    whole: usize,
-    pieces: usize,
-    t: usize,
-    panels: usize,
+/// How one GEMM is cut into work shared out over the pool's threads.
+enum Split {
+    /// Memory-bound calls (decode, and few rows over many panels): runs of whole panel blocks, so
+    /// that every unit streams its own run of B once.
+    Columns(Columns),
+    /// Compute-bound calls: (panel block, row strip) tiles of the widest register tile, handed
+    /// out in runs that shrink as the work runs out (guided), so that the threads end together.
+    Tiles { strips: usize },
 }
 
 /// Rows from which a GEMM is compute-bound (each B byte then feeds enough multiply-adds that B may
-/// be read once per row unit).
+/// be read once per row strip).
 const COMPUTE_MIN_T: usize = 32;
 
 impl Split {
     fn new(t: usize, panels: usize, k: usize, threads: usize) -> Self {
-        let macs = t * panels * PANEL * k;
         let blocks = panels.div_ceil(kernels::NP);
-        let strips = t.div_ceil(kernels::MR);
-        // Columns only, `per` blocks per unit. With one block per unit and a count of blocks that
-        // the threads do not divide (SmolLM2's q, o and down have 9), the last block is cut into
-        // a piece per thread, so that the threads end together.
-        let by_columns = |per: usize| {
-            let units = blocks.div_ceil(per);
-            let last = panels - (units - 1) * per * kernels::NP;
-            let (whole, pieces) =
-                if per == 1 && threads > 1 && !units.is_multiple_of(threads) && last > 1 {
-                    (units - 1, threads.min(last))
-                } else {
-                    (units, 0)
-                };
-            Self {
-                rows_per: t,
-                row_units: 1,
-                panels_per: per * kernels::NP,
-                whole,
-                pieces,
-                t,
-                panels,
-            }
-        };
         let small = if t <= kernels::STREAM_MAX_T {
             panels * PANEL * k < PARALLEL_MIN_BYTES
         } else {
-            macs < PARALLEL_MIN_MACS
+            t * panels * PANEL * k < PARALLEL_MIN_MACS
         };
         if threads < 2 || small || blocks == 0 {
-            return Self {
-                rows_per: t,
-                row_units: 1,
-                panels_per: panels,
+            return Split::Columns(Columns {
+                panels_per: panels.max(1),
                 whole: 1,
                 pieces: 0,
-                t,
                 panels,
+            });
+        }
+        let memory_bound = t < COMPUTE_MIN_T && blocks >= 2 * threads;
+        if t > kernels::STREAM_MAX_T && !memory_bound {
+            return Split::Tiles {
+                strips: t.div_ceil(kernels::MR),
             };
         }
-        let target = 16 * threads;
-        let memory_bound = t < COMPUTE_MIN_T && blocks >= 2 * threads;
-        if t <= kernels::STREAM_MAX_T || memory_bound || blocks >= target {
-            return by_columns(blocks.div_ceil(target));
-        }
-        // One block per unit, rows cut into at least two strips per unit where there are enough.
-        let row_units = strips.min(target.div_ceil(blocks));
-        let mut per = strips.div_ceil(row_units);
-        if strips >= 4 {
-            per = per.max(2);
-        }
-        let rows_per = per * kernels::MR;
-        Self {
-            rows_per,
-            row_units: t.div_ceil(rows_per),
-            panels_per: kernels::NP,
-            whole: blocks,
-            pieces: 0,
-            t,
+        // Runs of `per` blocks. With one block per unit and a count of blocks that the threads do
+        // not divide (SmolLM2's q, o and down have 9), the last block is cut into a piece per
+        // thread, so that the threads end together.
+        let per = blocks.div_ceil(16 * threads);
+        let units = blocks.div_ceil(per);
+        let last = panels - (units - 1) * per * kernels::NP;
+        let (whole, pieces) = if per == 1 && !units.is_multiple_of(threads) && last > 1 {
+            (units - 1, threads.min(last))
+        } else {
+            (units, 0)
+        };
+        Split::Columns(Columns {
+            panels_per: per * kernels::NP,
+            whole,
+            pieces,
             panels,
-        }
+        })
     }
+}
 
+/// Column units: `whole` runs of `panels_per` panels, then the panels after them in `pieces`
+/// more units.
+struct Columns {
+    panels_per: usize,
+    whole: usize,
+    pieces: usize,
+    panels: usize,
+}
+
+impl Columns {
     fn units(&self) -> usize {
-        self.row_units * (self.whole + self.pieces)
+        self.whole + self.pieces
     }
 
-    /// Unit `u` as rows `[r0, r1)` × panels `[p0, p1)`; consecutive units share a column block.
-    fn unit(&self, u: usize) -> (usize, usize, usize, usize) {
-        let (c, r) = (u / self.row_units, u % self.row_units);
-        let r0 = r * self.rows_per;
-        let (p0, p1) = if c < self.whole {
+    /// Unit `c` as panels `[p0, p1)`.
+    fn unit(&self, c: usize) -> (usize, usize) {
+        if c < self.whole {
             let p0 = c * self.panels_per;
             (p0, (p0 + self.panels_per).min(self.panels))
         } else {
@@ -330,8 +330,7 @@ impl Split {
                 base + i * rest / self.pieces,
                 base + (i + 1) * rest / self.pieces,
             )
-        };
-        (r0, (r0 + self.rows_per).min(self.t), p0, p1)
+        }
     }
 }
 

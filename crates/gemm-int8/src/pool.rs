@@ -269,3 +269,31 @@ pub(crate) fn rows_per_chunk(rows: usize, cols: usize) -> usize {
     let by_size = (crate::PARALLEL_MIN_ELEMENTS / 4).div_ceil(cols.max(1));
     rows.div_ceil(4 * threads).max(by_size).max(1)
 }
+
+/// Run `f(i0, i1)` over runs `[i0, i1)` that together cover `0..count`, on the pool: each thread
+/// takes the next run of `(count − taken) / (2 · threads)` items (at least one), so runs shrink as
+/// the work runs out and the threads end close together (guided scheduling).
+pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
+    let pool = pool();
+    if count < 2 || pool.threads() < 2 {
+        if count > 0 {
+            f(0, count);
+        }
+        return;
+    }
+    let share = 2 * pool.threads();
+    let next = AtomicUsize::new(0);
+    pool.run(&|| {
+        let mut cur = next.load(Ordering::Relaxed);
+        while cur < count {
+            let end = (cur + ((count - cur) / share).max(1)).min(count);
+            match next.compare_exchange_weak(cur, end, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    f(cur, end);
+                    cur = next.load(Ordering::Relaxed);
+                }
+                Err(now) => cur = now,
+            }
+        }
+    });
+}
