@@ -5,20 +5,30 @@
 //! q−W < k ≤ q), softmax in f32, times V. It differs in that both products are GEMMs over every key
 //! present in the call — masked keys included, with masked probabilities exactly 0 — so that the
 //! sliding window never changes which rows enter a GEMM (and so never changes an int8 scale).
+//!
+//! The query heads that share a kv head g run as one GEMM pair: their rows stacked into one A against
+//! the same K_g (and V_gᵀ). Rows quantize independently, so each cell is the one a GEMM per head gives,
+//! bit for bit; K_g and V_gᵀ are quantized once per group instead of once per head, and the K rows of
+//! the cache are kept quantized (a row's scale is its own, so appending is exact).
 
 use rayon::prelude::*;
 
-use crate::gemm::{Ctx, act_gemm};
+use crate::gemm::{ActRhs, Ctx, act_gemm_rhs, act_rhs, quantize_keys};
 use crate::ops::softmax;
 use crate::{Error, Result};
 
-/// The keys and values one layer has seen, after RoPE, one buffer per kv head (`len × head_dim`).
+/// The keys and values one layer has seen, after RoPE, one buffer per kv head (`len × head_dim`),
+/// and for int8 the key rows quantized (values and scales, per kv head).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LayerCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    kq: Vec<(Vec<i8>, Vec<f32>)>,
     len: usize,
 }
+
+/// Softmax rows below this many elements in one call stay on the calling thread.
+const PARALLEL_SOFTMAX: usize = 1 << 15;
 
 /// The shape of one attention call.
 pub(crate) struct Heads {
@@ -83,9 +93,18 @@ pub(crate) fn attention(
     if cache.k.is_empty() {
         cache.k = vec![Vec::new(); num_kv_heads];
         cache.v = vec![Vec::new(); num_kv_heads];
+        cache.kq = vec![(Vec::new(), Vec::new()); num_kv_heads];
     }
+    let mut new_k = Vec::with_capacity(t * hd);
     for g in 0..num_kv_heads {
-        split(k, g, &mut cache.k[g]);
+        new_k.clear();
+        split(k, g, &mut new_k);
+        if cx.precision == crate::Precision::Int8 {
+            let what = || format!("keys of layer {layer} kv head {g}");
+            let (q, scales) = &mut cache.kq[g];
+            quantize_keys(&new_k, t, hd, q, scales, &what)?;
+        }
+        cache.k[g].extend_from_slice(&new_k);
         split(v, g, &mut cache.v[g]);
     }
     cache.len += t;
@@ -94,49 +113,67 @@ pub(crate) fn attention(
     // `transformers` scales by the f32 rounding of head_dim^-0.5 computed in f64.
     let scale = libm::pow(hd as f64, -0.5) as f32;
     let group = num_heads / num_kv_heads;
-    // V_gᵀ: one row per value channel over every key present.
-    let vt: Vec<Vec<f32>> = (0..num_kv_heads)
-        .map(|g| {
-            let mut out = vec![0f32; hd * nk];
-            for (j, row) in cache.v[g].chunks_exact(hd).enumerate() {
-                for (c, x) in row.iter().enumerate() {
-                    out[c * nk + j] = *x;
-                }
-            }
-            out
-        })
-        .collect();
-    let heads: Vec<Result<Vec<f32>>> = (0..num_heads)
-        .into_par_iter()
-        .map(|h| {
-            let g = h / group;
-            let mut qh = Vec::with_capacity(t * hd);
-            for row in q.chunks_exact(q_cols) {
-                qh.extend_from_slice(&row[h * hd..(h + 1) * hd]);
-            }
-            let what = || format!("attention scores of layer {layer} head {h}");
-            let mut scores = act_gemm(cx, &qh, t, &cache.k[g], nk, hd, &what)?;
-            for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
-                let qpos = pos0 + r;
-                for (kpos, s) in row.iter_mut().enumerate() {
-                    let visible = kpos <= qpos && window.is_none_or(|w| kpos + w > qpos);
-                    *s = if visible {
-                        *s * scale
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                }
-                softmax(row);
-            }
-            let what = || format!("attention values of layer {layer} head {h}");
-            act_gemm(cx, &scores, t, &vt[g], hd, nk, &what)
-        })
-        .collect();
+    let rows = group * t;
     let mut out = vec![0f32; t * q_cols];
-    for (h, head) in heads.into_iter().enumerate() {
-        let head = head?;
-        for (r, row) in head.chunks_exact(hd).enumerate() {
-            out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+    for g in 0..num_kv_heads {
+        // A: the rows of every query head of this group, head after head.
+        let mut qg = Vec::with_capacity(rows * hd);
+        for h in g * group..(g + 1) * group {
+            for row in q.chunks_exact(q_cols) {
+                qg.extend_from_slice(&row[h * hd..(h + 1) * hd]);
+            }
+        }
+        let what = || format!("attention scores of layer {layer} kv head {g}");
+        let keys = match cx.precision {
+            crate::Precision::Int8 => {
+                let (q, scales) = &cache.kq[g];
+                ActRhs::quantized(q, scales, nk, hd, &what)?
+            }
+            crate::Precision::F32 => ActRhs::F32 {
+                b: &cache.k[g],
+                n: nk,
+                k: hd,
+            },
+        };
+        let mut scores = act_gemm_rhs(cx, &qg, rows, &keys, &what)?;
+        let mask_softmax = |(i, row): (usize, &mut [f32])| {
+            let qpos = pos0 + i % t;
+            for (kpos, s) in row.iter_mut().enumerate() {
+                let visible = kpos <= qpos && window.is_none_or(|w| kpos + w > qpos);
+                *s = if visible {
+                    *s * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            softmax(row);
+        };
+        if rows * nk >= PARALLEL_SOFTMAX {
+            scores
+                .par_chunks_exact_mut(nk)
+                .enumerate()
+                .for_each(mask_softmax);
+        } else {
+            scores
+                .chunks_exact_mut(nk)
+                .enumerate()
+                .for_each(mask_softmax);
+        }
+        // V_gᵀ: one row per value channel over every key present.
+        let mut vt = vec![0f32; hd * nk];
+        for (j, row) in cache.v[g].chunks_exact(hd).enumerate() {
+            for (c, x) in row.iter().enumerate() {
+                vt[c * nk + j] = *x;
+            }
+        }
+        let what = || format!("attention values of layer {layer} kv head {g}");
+        let values = act_rhs(cx, &vt, hd, nk, &what)?;
+        let o = act_gemm_rhs(cx, &scores, rows, &values, &what)?;
+        for (hi, head) in o.chunks_exact(t * hd).enumerate() {
+            let h = g * group + hi;
+            for (r, row) in head.chunks_exact(hd).enumerate() {
+                out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+            }
         }
     }
     Ok(out)

@@ -3,7 +3,9 @@
 //! `F32` is the reference: plain f32 products in one fixed order. `Int8` sends every product through
 //! the verified GEMM of `daisy-gemm-int8`, with weights held quantized.
 
-use daisy_gemm_int8::{Backend, PackedWeights, Quantized, gemm, gemm_act, quantize_rows};
+use daisy_gemm_int8::{
+    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, quantize_rows,
+};
 
 use crate::ops::matmul_f32;
 use crate::source::Embedding;
@@ -158,18 +160,73 @@ impl Linear {
     }
 }
 
-/// `C = A·Bᵀ` for two activation operands (attention scores and attention × values).
-pub(crate) fn act_gemm(
+/// The B operand of an attention product (`n×k`: K rows, or Vᵀ rows), prepared once for every
+/// query head that shares it.
+pub(crate) enum ActRhs<'a> {
+    F32 { b: &'a [f32], n: usize, k: usize },
+    Int8(Quantized),
+}
+
+impl ActRhs<'_> {
+    /// From rows already quantized (the key cache).
+    pub(crate) fn quantized(
+        q: &[i8],
+        scales: &[f32],
+        n: usize,
+        k: usize,
+        what: &dyn Fn() -> String,
+    ) -> Result<ActRhs<'static>> {
+        Quantized::from_parts(n, k, q.to_vec(), scales.to_vec())
+            .map(ActRhs::Int8)
+            .map_err(|e| gemm_err(what, e))
+    }
+}
+
+/// `b` (`n×k`) as the B operand at the context's precision: quantized per row for int8.
+pub(crate) fn act_rhs<'a>(
     cx: Ctx<'_>,
-    a: &[f32],
-    t: usize,
-    b: &[f32],
+    b: &'a [f32],
     n: usize,
     k: usize,
     what: &dyn Fn() -> String,
-) -> Result<Vec<f32>> {
+) -> Result<ActRhs<'a>> {
     match cx.precision {
-        Precision::F32 => Ok(matmul_f32(a, t, b, n, k)),
-        Precision::Int8 => gemm_act(cx.backend, a, t, b, n, k).map_err(|e| gemm_err(what, e)),
+        Precision::F32 => Ok(ActRhs::F32 { b, n, k }),
+        Precision::Int8 => quantize_rows(b, n, k)
+            .map(ActRhs::Int8)
+            .map_err(|e| gemm_err(what, e)),
+    }
+}
+
+/// Quantize `t` new key rows (`k` wide) and append them to a quantized key cache.
+pub(crate) fn quantize_keys(
+    rows: &[f32],
+    t: usize,
+    k: usize,
+    q: &mut Vec<i8>,
+    scales: &mut Vec<f32>,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    let new = quantize_rows(rows, t, k).map_err(|e| gemm_err(what, e))?;
+    q.extend_from_slice(new.q());
+    scales.extend_from_slice(new.scales());
+    Ok(())
+}
+
+/// `C = A·Bᵀ` for an activation A (`t×k`) and a prepared activation B (attention scores and
+/// attention × values).
+pub(crate) fn act_gemm_rhs(
+    cx: Ctx<'_>,
+    a: &[f32],
+    t: usize,
+    b: &ActRhs<'_>,
+    what: &dyn Fn() -> String,
+) -> Result<Vec<f32>> {
+    match b {
+        ActRhs::F32 { b, n, k } => Ok(matmul_f32(a, t, b, *n, *k)),
+        ActRhs::Int8(qb) => {
+            let qa = quantize_rows(a, t, qb.k()).map_err(|e| gemm_err(what, e))?;
+            gemm_quantized(cx.backend, &qa, Rhs::Activation(qb)).map_err(|e| gemm_err(what, e))
+        }
     }
 }
