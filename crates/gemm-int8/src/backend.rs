@@ -184,19 +184,10 @@ impl CpuBackend {
         if t == 0 || n == 0 {
             return;
         }
-        // The A operand in the form the kernel wants: +128 (as u8) for vpdpbusd, i8 otherwise.
-        let offset: Vec<u8>;
-        let a_bytes: &[u8] = match self.isa {
-            Isa::Avx512Vnni => {
-                offset = a.q().iter().map(|&v| (v as u8) ^ 0x80).collect();
-                &offset
-            }
-            Isa::Scalar | Isa::Avx2 => {
-                // SAFETY: i8 and u8 have the same size and alignment; the kernels that take this
-                // view reinterpret it back as i8.
-                unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) }
-            }
-        };
+        // SAFETY: i8 and u8 have the same size and alignment; the kernels reinterpret the bytes as
+        // i8 (the AVX-512 kernel adds 128 to each as it loads it).
+        let a_bytes: &[u8] =
+            unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) };
         let out_ptr = SyncPtr(out.as_mut_ptr());
         // Rows [r0, r1) × panels [p0, p1).
         let tile = |r0: usize, r1: usize, p0: usize, p1: usize| {
