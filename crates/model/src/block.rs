@@ -236,7 +236,11 @@ impl LlamaBlock {
         let mut act = Vec::with_capacity(t * inter);
         for row in gu.chunks_exact(2 * inter) {
             let (g, u) = row.split_at(inter);
-            act.extend(g.iter().zip(u).map(|(g, u)| f(*g) * u));
+            if cfg.activation == Activation::Silu {
+                crate::ops::silu_mul(g, u, &mut act);
+            } else {
+                act.extend(g.iter().zip(u).map(|(g, u)| f(*g) * u));
+            }
         }
         let d = self
             .down

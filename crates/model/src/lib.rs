@@ -4,7 +4,7 @@
 //! `modeling_mistral.py`, `modeling_gpt2.py`); where it differs (fused products, attention as GEMMs
 //! over every key present) the module says why. Every matrix product goes through [`Precision`]:
 //! the f32 reference or the verified int8 GEMM. Everything else is f32 in one fixed order with
-//! `libm` transcendentals (DESIGN.md §3.8). `model` knows nothing about the network: the rest of the
+//! transcendentals computed in f64 and rounded once (DESIGN.md §3.8; see `ops`). `model` knows nothing about the network: the rest of the
 //! ring is a callback ([`Pass`]).
 
 mod attention;
@@ -12,6 +12,7 @@ mod block;
 mod checkpoint;
 mod config;
 mod error;
+mod exp;
 mod gemm;
 mod generate;
 mod ops;

@@ -122,11 +122,8 @@ pub(crate) fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `e^x`: libm's f64 `exp` of the widened argument, rounded once to f32.
-#[inline]
-pub(crate) fn exp(x: f32) -> f32 {
-    libm::exp(f64::from(x)) as f32
-}
+pub(crate) use crate::exp::exp;
+use crate::exp::exp_slice;
 
 /// `cos x`: libm's f64 `cos`, rounded once to f32.
 #[inline]
@@ -189,6 +186,17 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// `silu(g[i]) · u[i]` for each i, appended to `out` (the bits of [`silu`], vectorized).
+pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
+    let start = out.len();
+    out.extend(g.iter().map(|v| -v));
+    let e = &mut out[start..];
+    exp_slice(e);
+    for ((o, g), u) in e.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + *o) * u;
+    }
+}
+
 /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
 #[inline]
 pub(crate) fn gelu_new(x: f32) -> f32 {
@@ -219,15 +227,12 @@ pub(crate) fn softmax(row: &mut [f32]) {
         row.fill(0.0);
         return;
     }
-    let mut sum = 0f64;
+    // Masked entries: −∞ − max = −∞, whose exp is exactly 0.
     for v in row.iter_mut() {
-        *v = if *v == f32::NEG_INFINITY {
-            0.0
-        } else {
-            exp(*v - max)
-        };
-        sum += f64::from(*v);
+        *v -= max;
     }
+    exp_slice(row);
+    let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
     let inv = (1.0 / sum) as f32;
     for v in row.iter_mut() {
         *v *= inv;
