@@ -18,8 +18,8 @@ const HI: f64 = 89.0;
 const SHIFTER: f64 = 6_755_399_441_055_744.0;
 const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// ln 2 split so that `k·LN2_HI` is exact for |k| < 2²⁰ (LN2_HI has 32 significant bits).
-const LN2_HI: f64 = 6.931_471_803_691_238_164_9e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_0e-10;
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
 /// 1/n! for n = 13 down to 2.
 const INV_FACT: [f64; 12] = [
     1.0 / 6_227_020_800.0,
