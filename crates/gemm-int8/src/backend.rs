@@ -217,27 +217,43 @@ impl CpuBackend {
                 tile(0, t, p0, p1);
             }),
             Split::Tiles { strips } => {
-                // Items are (panel block, row strip) pairs, block by block; a run of them is cut
-                // into one call per block.
-                pool::for_each_guided(panels.div_ceil(kernels::NP) * strips, |i0, i1| {
+                let blocks = panels.div_ceil(kernels::NP);
+                // Items are (row strip, panel block) pairs. Where B fits in L2 they go strip by
+                // strip, so that the first rows (which the caller quantized) fall to the caller and
+                // the last to a worker; otherwise block by block, so that B streams once.
+                let by_strips = panels * PANEL * k <= STRIP_ORDER_MAX_BYTES;
+                let (outer, inner) = if by_strips {
+                    (strips, blocks)
+                } else {
+                    (blocks, strips)
+                };
+                pool::for_each_guided(outer * inner, |i0, i1| {
                     let mut i = i0;
                     while i < i1 {
-                        let (block, s0) = (i / strips, i % strips);
-                        let s1 = (s0 + i1 - i).min(strips);
-                        let p0 = block * kernels::NP;
+                        let (o, j0) = (i / inner, i % inner);
+                        let j1 = (j0 + i1 - i).min(inner);
+                        let ((s0, s1), (b0, b1)) = if by_strips {
+                            ((o, o + 1), (j0, j1))
+                        } else {
+                            ((j0, j1), (o, o + 1))
+                        };
                         tile(
                             s0 * kernels::MR,
                             (s1 * kernels::MR).min(t),
-                            p0,
-                            (p0 + kernels::NP).min(panels),
+                            b0 * kernels::NP,
+                            (b1 * kernels::NP).min(panels),
                         );
-                        i += s1 - s0;
+                        i += j1 - j0;
                     }
                 });
             }
         }
     }
 }
+
+/// Bytes of packed B up to which compute-bound work is ordered by row strips (B then stays in L2
+/// while every strip passes over it).
+const STRIP_ORDER_MAX_BYTES: usize = 512 << 10;
 
 /// How one GEMM is cut into work shared out over the pool's threads.
 enum Split {

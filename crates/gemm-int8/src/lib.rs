@@ -132,7 +132,9 @@ fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
     if n == 0 {
         return;
     }
-    let rows = pool::rows_per_chunk(sa.len(), n);
+    // Rows stay with the thread that computed them (see `pool::Side`), so sharing out pays from
+    // fewer elements than quantization does.
+    let rows = pool::rows_per_chunk(sa.len(), n, PARALLEL_MIN_ELEMENTS / 4);
     let job = |(r, s): (&mut [f32], &[f32])| {
         for (r, &s) in r.chunks_mut(n).zip(s) {
             dequantize_row(r, s, sb);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(300);
 
 /// A job as the workers see it: a pointer to the caller's `&dyn Fn()` (on the caller's stack).
-type JobRef<'a> = &'a (dyn Fn() + Sync);
+type JobRef<'a> = &'a (dyn Fn(Side) + Sync);
 
 /// `ticket` bits: the job's epoch in the high 32, a closed flag, and the number of workers inside.
 const CLOSED: u64 = 1 << 31;
@@ -78,14 +78,14 @@ impl Pool {
 
     /// Run `f` on the calling thread and on every worker that is free to join, and return when all
     /// of them have finished it. `f` must share out its work itself (every thread runs it once).
-    pub(crate) fn run(&self, f: &(dyn Fn() + Sync)) {
+    pub(crate) fn run(&self, f: &(dyn Fn(Side) + Sync)) {
         if self.threads == 1
             || self
                 .busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
         {
-            f();
+            f(Side::Front);
             return;
         }
         self.caller_cpu.store(current_cpu(), Ordering::Relaxed);
@@ -100,7 +100,7 @@ impl Pool {
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(f));
+        let mine = catch_unwind(AssertUnwindSafe(|| f(Side::Front)));
         // No worker may join from now on; wait for those inside to leave, after which nothing
         // refers to `job` or `f` any more.
         self.ticket.fetch_or(CLOSED, Ordering::AcqRel);
@@ -146,7 +146,7 @@ impl Pool {
                         // inside `run`, so `job` and the closure it points to are alive until the
                         // decrement below.
                         let f = unsafe { *job };
-                        if catch_unwind(AssertUnwindSafe(f)).is_err() {
+                        if catch_unwind(AssertUnwindSafe(|| f(Side::Back))).is_err() {
                             self.panicked.store(true, Ordering::Relaxed);
                         }
                         self.ticket.fetch_sub(1, Ordering::Release);
@@ -210,41 +210,67 @@ fn current_cpu() -> usize {
     usize::MAX
 }
 
-/// Split `0..count` into chunks taken in turn from a shared counter by every thread of a job.
-pub(crate) struct Chunks {
-    next: AtomicUsize,
-    count: usize,
+/// Which end of a job's work a thread takes from: the caller the front, the workers the back.
+///
+/// Successive jobs over the same rows (quantize, multiply, dequantize) thus leave the first rows
+/// with the caller and the last with a worker, so rows stay in one core's cache from phase to
+/// phase: moving a line between cores costs as much as a trip to memory here.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Front,
+    Back,
 }
 
-impl Chunks {
-    pub(crate) fn new(count: usize) -> Self {
-        Self {
-            next: AtomicUsize::new(0),
-            count,
-        }
+/// `0..count` consumed from both ends: `front` in the low 32 bits, `back` in the high (counts
+/// here are chunks, tiles and rows of one GEMM, far below 2³²).
+struct Ends(AtomicU64);
+
+impl Ends {
+    fn new(count: usize) -> Self {
+        let count = u64::try_from(count)
+            .unwrap_or(u64::MAX)
+            .min(u64::from(u32::MAX));
+        Self(AtomicU64::new(count << 32))
     }
 
-    /// Run `f` on chunks until none is left.
-    pub(crate) fn for_each(&self, f: impl Fn(usize)) {
+    /// Take a run from `side`: `size(left)` items of those left (at least one); `None` once all
+    /// are taken.
+    fn take(&self, side: Side, size: impl Fn(u64) -> u64) -> Option<(usize, usize)> {
+        let mut cur = self.0.load(Ordering::Relaxed);
         loop {
-            let c = self.next.fetch_add(1, Ordering::Relaxed);
-            if c >= self.count {
-                return;
+            let (front, back) = (cur & 0xFFFF_FFFF, cur >> 32);
+            if front >= back {
+                return None;
             }
-            f(c);
+            let n = size(back - front).clamp(1, back - front);
+            let (next, run) = match side {
+                Side::Front => (cur + n, (front, front + n)),
+                Side::Back => (cur - (n << 32), (back - n, back)),
+            };
+            match self
+                .0
+                .compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some((run.0 as usize, run.1 as usize)),
+                Err(now) => cur = now,
+            }
         }
     }
 }
 
 /// Run `f(chunk)` for every chunk in `0..count` on the pool (on the calling thread alone when
-/// `count < 2`).
+/// `count < 2`), chunks taken one at a time from both ends.
 pub(crate) fn for_each_chunk(count: usize, f: impl Fn(usize) + Sync) {
     if count < 2 {
         (0..count).for_each(f);
         return;
     }
-    let chunks = Chunks::new(count);
-    pool().run(&|| chunks.for_each(&f));
+    let ends = Ends::new(count);
+    pool().run(&|side| {
+        while let Some((c, _)) = ends.take(side, |_| 1) {
+            f(c);
+        }
+    });
 }
 
 /// Run `f` on every item, the items shared out over the pool.
@@ -258,21 +284,21 @@ pub(crate) fn for_each_item<T: Send>(items: Vec<T>, f: impl Fn(T) + Sync) {
     });
 }
 
-/// Rows per chunk when `rows × cols` element-wise work is shared out: chunks of at least
-/// [`crate::PARALLEL_MIN_ELEMENTS`] / 4 elements, about four per thread; `rows` (one chunk) when the
-/// work is too small to share.
-pub(crate) fn rows_per_chunk(rows: usize, cols: usize) -> usize {
+/// Rows per chunk when `rows × cols` element-wise work is shared out: about four chunks per thread
+/// of at least `min / 4` elements each; `rows` (one chunk) when there are fewer than `min`
+/// elements.
+pub(crate) fn rows_per_chunk(rows: usize, cols: usize, min: usize) -> usize {
     let threads = pool().threads();
-    if threads < 2 || rows < 2 || rows * cols < crate::PARALLEL_MIN_ELEMENTS {
+    if threads < 2 || rows < 2 || rows * cols < min {
         return rows.max(1);
     }
-    let by_size = (crate::PARALLEL_MIN_ELEMENTS / 4).div_ceil(cols.max(1));
+    let by_size = (min / 4).div_ceil(cols.max(1));
     rows.div_ceil(4 * threads).max(by_size).max(1)
 }
 
-/// Run `f(i0, i1)` over runs `[i0, i1)` that together cover `0..count`, on the pool: each thread
-/// takes the next run of `(count − taken) / (2 · threads)` items (at least one), so runs shrink as
-/// the work runs out and the threads end close together (guided scheduling).
+/// Run `f(i0, i1)` over runs `[i0, i1)` that together cover `0..count`, on the pool, taken from
+/// both ends: each take is `left / (2 · threads)` items (at least one), so runs shrink as the work
+/// runs out and the threads end close together (guided scheduling).
 pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
     let pool = pool();
     if count < 2 || pool.threads() < 2 {
@@ -281,19 +307,11 @@ pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
         }
         return;
     }
-    let share = 2 * pool.threads();
-    let next = AtomicUsize::new(0);
-    pool.run(&|| {
-        let mut cur = next.load(Ordering::Relaxed);
-        while cur < count {
-            let end = (cur + ((count - cur) / share).max(1)).min(count);
-            match next.compare_exchange_weak(cur, end, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    f(cur, end);
-                    cur = next.load(Ordering::Relaxed);
-                }
-                Err(now) => cur = now,
-            }
+    let share = 2 * pool.threads() as u64;
+    let ends = Ends::new(count);
+    pool.run(&|side| {
+        while let Some((i0, i1)) = ends.take(side, |left| left / share) {
+            f(i0, i1);
         }
     });
 }

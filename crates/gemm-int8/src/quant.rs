@@ -127,7 +127,7 @@ pub(crate) fn quantize(
     if k == 0 {
         return Ok(Quantized { rows, k, q, scales });
     }
-    let per = crate::pool::rows_per_chunk(rows, k);
+    let per = crate::pool::rows_per_chunk(rows, k, crate::PARALLEL_MIN_ELEMENTS);
     // Rows `[r0, …)` of `x` into `q` and `scales`; the first refusal by row order.
     type Rows<'a> = (usize, (&'a [f32], (&'a mut [i8], &'a mut [f32])));
     let job = |(r0, (x, (q, scales))): Rows<'_>| {
