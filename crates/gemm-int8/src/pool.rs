@@ -221,16 +221,16 @@ pub(crate) enum Side {
     Back,
 }
 
-/// `0..count` consumed from both ends: `front` in the low 32 bits, `back` in the high (counts
-/// here are chunks, tiles and rows of one GEMM, far below 2³²).
+/// `0..count` consumed from both ends: `front` in the low 32 bits, `back` in the high.
 struct Ends(AtomicU64);
 
+/// The most items [`Ends`] holds (a larger job runs on the calling thread alone).
+const MAX_COUNT: usize = u32::MAX as usize;
+
 impl Ends {
+    /// `count ≤ MAX_COUNT`.
     fn new(count: usize) -> Self {
-        let count = u64::try_from(count)
-            .unwrap_or(u64::MAX)
-            .min(u64::from(u32::MAX));
-        Self(AtomicU64::new(count << 32))
+        Self(AtomicU64::new((count as u64) << 32))
     }
 
     /// Take a run from `side`: `size(left)` items of those left (at least one); `None` once all
@@ -261,7 +261,7 @@ impl Ends {
 /// Run `f(chunk)` for every chunk in `0..count` on the pool (on the calling thread alone when
 /// `count < 2`), chunks taken one at a time from both ends.
 pub(crate) fn for_each_chunk(count: usize, f: impl Fn(usize) + Sync) {
-    if count < 2 {
+    if count < 2 || count > MAX_COUNT {
         (0..count).for_each(f);
         return;
     }
@@ -301,7 +301,7 @@ pub(crate) fn rows_per_chunk(rows: usize, cols: usize, min: usize) -> usize {
 /// runs out and the threads end close together (guided scheduling).
 pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
     let pool = pool();
-    if count < 2 || pool.threads() < 2 {
+    if count < 2 || count > MAX_COUNT || pool.threads() < 2 {
         if count > 0 {
             f(0, count);
         }
