@@ -261,7 +261,7 @@ impl Ends {
 /// Run `f(chunk)` for every chunk in `0..count` on the pool (on the calling thread alone when
 /// `count < 2`), chunks taken one at a time from both ends.
 pub(crate) fn for_each_chunk(count: usize, f: impl Fn(usize) + Sync) {
-    if count < 2 || count > MAX_COUNT {
+    if !(2..=MAX_COUNT).contains(&count) {
         (0..count).for_each(f);
         return;
     }
@@ -301,7 +301,7 @@ pub(crate) fn rows_per_chunk(rows: usize, cols: usize, min: usize) -> usize {
 /// runs out and the threads end close together (guided scheduling).
 pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
     let pool = pool();
-    if count < 2 || count > MAX_COUNT || pool.threads() < 2 {
+    if !(2..=MAX_COUNT).contains(&count) || pool.threads() < 2 {
         if count > 0 {
             f(0, count);
         }
