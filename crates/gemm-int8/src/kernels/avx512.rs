@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use super::{KC_GROUPS, MR, NP, STREAM_MAX_T};
 use crate::packed::{PANEL, PackedWeights};
 
-/// See [`super::gemm_panels`]; `a` holds the i8 bytes, offset by +128 here as they are broadcast.
+/// See [`super::gemm_panels`]; `a` holds `qa + 128` as u8.
 ///
 /// # Safety
 /// As [`super::gemm_panels`], and the CPU must support avx512f, avx512bw and avx512vnni.
@@ -142,7 +142,6 @@ unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
         g1,
     } = *at;
     let mut acc = [[_mm512_setzero_si512(); P]; M];
-    let flip = _mm512_set1_epi8(i8::MIN);
     // SAFETY: the caller guarantees rows r..r+M < t, panels p..p+P < panels in one block and groups
     // g0..g1 ≤ groups, so every A read (4 bytes at row·k + 4g, 4g + 4 ≤ kmain ≤ k) and every B line is
     // in bounds; lines are 64-byte aligned (`Line` is `align(64)`).
@@ -159,8 +158,7 @@ unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
                     .add((r + i) * tile.k + 4 * g)
                     .cast::<i32>()
                     .read_unaligned();
-                // qa + 128 as u8: flipping each byte's top bit adds 128 to an i8.
-                let av = _mm512_xor_si512(_mm512_set1_epi32(quad), flip);
+                let av = _mm512_set1_epi32(quad);
                 for (c, v) in row.iter_mut().zip(&bv) {
                     *c = _mm512_dpbusd_epi32(*c, av, *v);
                 }

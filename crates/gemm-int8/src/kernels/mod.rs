@@ -14,7 +14,7 @@ mod scalar;
 /// Write `out[r][col] = Σ_{k < kmain} qa[r][k] · qb[col][k]` for every row `r < t` and every column of
 /// panels `[p0, p1)` that is below `n`.
 ///
-/// `a` is `t × k` row-major, the i8 values as bytes.
+/// `a` is `t × k` row-major: `qa + 128` as u8 for [`Isa::Avx512Vnni`], the i8 bytes otherwise.
 ///
 /// # Safety
 /// `isa` must be supported by this CPU; `a.len() == t·k`, `k == b.k()`, `p1 ≤ b.panels()`; `out` must
