@@ -125,28 +125,10 @@ pub(crate) fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
 pub(crate) use crate::exp::exp;
 use crate::exp::exp_slice;
 
-/// `cos x`: libm's f64 `cos`, rounded once to f32.
+/// A transcendental of DESIGN §3.8: libm's f64 function `f` of the widened argument, rounded once.
 #[inline]
-fn cos(x: f32) -> f32 {
-    libm::cos(f64::from(x)) as f32
-}
-
-/// `sin x`: libm's f64 `sin`, rounded once to f32.
-#[inline]
-fn sin(x: f32) -> f32 {
-    libm::sin(f64::from(x)) as f32
-}
-
-/// `tanh x`: libm's f64 `tanh`, rounded once to f32.
-#[inline]
-fn tanh(x: f32) -> f32 {
-    libm::tanh(f64::from(x)) as f32
-}
-
-/// `erf x`: libm's f64 `erf`, rounded once to f32.
-#[inline]
-fn erf(x: f32) -> f32 {
-    libm::erf(f64::from(x)) as f32
+fn rounded(f: fn(f64) -> f64, x: f32) -> f32 {
+    f(f64::from(x)) as f32
 }
 
 /// Rotate each `head_dim`-wide head of each row in place, row `r` at position `pos0 + r`, with
@@ -166,8 +148,8 @@ pub(crate) fn apply_rope(
         let pos = (pos0 + r) as f32;
         for i in 0..half {
             let f = pos * inv_freq[i];
-            cos[i] = self::cos(f);
-            sin[i] = self::sin(f);
+            cos[i] = rounded(libm::cos, f);
+            sin[i] = rounded(libm::sin, f);
         }
         for head in row.chunks_exact_mut(head_dim) {
             for i in 0..half {
@@ -201,13 +183,13 @@ pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
 #[inline]
 pub(crate) fn gelu_new(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2/π) rounded to f32
-    0.5 * x * (1.0 + tanh(C * (x + 0.044715 * (x * x * x))))
+    0.5 * x * (1.0 + rounded(libm::tanh, C * (x + 0.044715 * (x * x * x))))
 }
 
 /// Exact GELU: `0.5·x·(1 + erf(x/√2))`.
 #[inline]
 pub(crate) fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+    0.5 * x * (1.0 + rounded(libm::erf, x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// Softmax over one row in place; `-inf` entries become exactly 0. A row with no finite entry is
