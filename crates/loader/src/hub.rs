@@ -463,48 +463,30 @@ fn transient(e: &Error) -> bool {
 impl HubRepo {
     /// A whole small file, retried on 5xx answers, broken connections and short bodies.
     fn fetch_whole(&self, name: &str) -> Result<Option<(Url, Vec<u8>)>, Error> {
-        let (mut last, mut short) = (None, None);
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(200 << attempt));
-            }
+        with_retries(|| {
             let (url, mut resp) = match self.request(name, None) {
                 Ok(Some(found)) => found,
                 Ok(None) => return Ok(None),
-                Err(e) if transient(&e) => {
-                    last = Some(e);
-                    continue;
-                }
-                Err(e) => return Err(e),
+                Err(e) if transient(&e) => return Err(Attempt::Retry(e)),
+                Err(e) => return Err(Attempt::Fatal(e)),
             };
             if resp.status().is_server_error() {
-                last = Some(http_error(
+                return Err(Attempt::Retry(http_error(
                     &redact(&url),
                     format!("server error {}", resp.status()),
-                ));
-                continue;
+                )));
             }
-            check_status(&url, &resp, None)?;
+            check_status(&url, &resp, None).map_err(Attempt::Fatal)?;
             let mut body = Vec::new();
-            let read = match resp.content_length() {
+            match resp.content_length() {
                 Some(len) => read_body(&self.client, &mut resp, len, &mut body),
                 None => resp
                     .read_to_end(&mut body)
                     .map(|n| self.client.count(n as u64))
-                    .map_err(|e| e.to_string()),
-            };
-            match read {
-                Ok(()) => return Ok(Some((url, body))),
-                Err(problem) => short = Some(http_error(&redact(&url), problem)),
+                    .map_err(|e| format!("short body: {} bytes, then {e}", body.len())),
             }
-        }
-        // A body that broke off says more than the stale connection a retry then met.
-        Err(match short.or(last).expect("at least one attempt") {
-            Error::Http { url, problem } => Error::Http {
-                url,
-                problem: format!("{problem} (after {ATTEMPTS} attempts)"),
-            },
-            other => other,
+            .map_err(|p| Attempt::Short(http_error(&redact(&url), p)))?;
+            Ok(Some((url, body)))
         })
     }
 
@@ -666,13 +648,42 @@ impl HttpSource {
             }
         }
         read_body(&self.repo.client, &mut resp, end - start + 1, out)
-            .map_err(|p| Attempt::Retry(http_error(&redact(&url), p)))
+            .map_err(|p| Attempt::Short(http_error(&redact(&url), p)))
     }
 }
 
+/// How one attempt at a request failed.
 enum Attempt {
+    /// May pass next time (a dropped connection, a server error).
     Retry(Error),
+    /// The body broke off: retried, and named in the final error over a later `Retry`, because it
+    /// says more than the stale connection a retry then met.
+    Short(Error),
+    /// Retrying cannot help.
     Fatal(Error),
+}
+
+/// Run `attempt` up to [`ATTEMPTS`] times with a growing pause between tries.
+fn with_retries<T>(mut attempt: impl FnMut() -> Result<T, Attempt>) -> Result<T, Error> {
+    let (mut last, mut short) = (None, None);
+    for i in 0..ATTEMPTS {
+        if i > 0 {
+            std::thread::sleep(Duration::from_millis(200 << i));
+        }
+        match attempt() {
+            Ok(v) => return Ok(v),
+            Err(Attempt::Fatal(e)) => return Err(e),
+            Err(Attempt::Short(e)) => short = Some(e),
+            Err(Attempt::Retry(e)) => last = Some(e),
+        }
+    }
+    Err(match short.or(last).expect("at least one attempt") {
+        Error::Http { url, problem } => Error::Http {
+            url,
+            problem: format!("{problem} (after {ATTEMPTS} attempts)"),
+        },
+        other => other,
+    })
 }
 
 impl HttpSource {
@@ -769,26 +780,11 @@ impl HttpSource {
         if len == 0 {
             return Ok(out);
         }
-        let (mut last, mut short) = (None, None);
-        for attempt in 0..ATTEMPTS {
-            if attempt > 0 {
-                std::thread::sleep(Duration::from_millis(200 << attempt));
-            }
+        with_retries(|| {
             let start = offset + out.len() as u64;
-            match self.attempt(start, end - 1, &mut out) {
-                Ok(()) => return Ok(out),
-                Err(Attempt::Fatal(e)) => return Err(e),
-                Err(Attempt::Retry(e)) if e.to_string().contains("short body") => short = Some(e),
-                Err(Attempt::Retry(e)) => last = Some(e),
-            }
-        }
-        Err(match short.or(last).expect("at least one attempt") {
-            Error::Http { url, problem } => Error::Http {
-                url,
-                problem: format!("{problem} (after {ATTEMPTS} attempts)"),
-            },
-            other => other,
-        })
+            self.attempt(start, end - 1, &mut out)
+        })?;
+        Ok(out)
     }
 }
 
