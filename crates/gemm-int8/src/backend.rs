@@ -1,6 +1,8 @@
 //! The backend trait (the integer part of the GEMM) and the CPU backend: kernel choice at run time,
 //! the pool's threads over rows and output-channel panels, and the shared scalar leftover loop.
 
+use std::mem::MaybeUninit;
+
 use crate::kernels;
 use crate::packed::{PANEL, PackedWeights};
 use crate::pool;
@@ -269,21 +271,24 @@ const STRIP_ORDER_MAX_BYTES: usize = 512 << 10;
 /// `q + 128` as u8 (`t × k`), rows shared out over the pool in the same chunks as quantization,
 /// so that each thread offsets the rows it quantized.
 fn offset_rows(q: &[i8], t: usize, k: usize) -> Vec<u8> {
-    let mut out = vec![0u8; q.len()];
-    let flip = |(dst, src): (&mut [u8], &[i8])| {
+    let flip = |(dst, src): (&mut [MaybeUninit<u8>], &[i8])| {
         for (d, &s) in dst.iter_mut().zip(src) {
-            *d = (s as u8) ^ 0x80;
+            d.write((s as u8) ^ 0x80);
         }
     };
+    let mut out: Vec<u8> = Vec::with_capacity(q.len());
+    let rows = &mut out.spare_capacity_mut()[..q.len()];
     let per = pool::rows_per_chunk(t, k, crate::PARALLEL_MIN_ELEMENTS);
     if per >= t || k == 0 {
-        flip((&mut out, q));
+        flip((rows, q));
     } else {
         pool::for_each_item(
-            out.chunks_mut(per * k).zip(q.chunks(per * k)).collect(),
+            rows.chunks_mut(per * k).zip(q.chunks(per * k)).collect(),
             flip,
         );
     }
+    // SAFETY: every element of the first `q.len()` was written above.
+    unsafe { out.set_len(q.len()) };
     out
 }
 

@@ -211,8 +211,16 @@ pub fn gemm_act(
 
 /// Integer GEMM on `backend` from quantized operands, audit, dequantize.
 pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Result<Vec<f32>, Error> {
-    let mut c = vec![0f32; a.rows() * b.n()];
-    advise_huge_pages(&mut c);
+    let (t, n) = (a.rows(), b.n());
+    let mut c: Vec<f32> = if t * n * 4 >= 4 << 20 {
+        // Fresh pages, faulted in by the kernel's own threads (as huge pages where granted).
+        let mut c = vec![0f32; t * n];
+        advise_huge_pages(&mut c);
+        c
+    } else {
+        // Zeroed row by row on the threads that will write those rows.
+        pool::zeroed_rows(t, n, pool::rows_per_chunk(t, n, PARALLEL_MIN_ELEMENTS / 4))
+    };
     gemm_quantized_into(backend, a, b, &mut c)?;
     Ok(c)
 }

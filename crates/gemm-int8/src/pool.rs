@@ -315,3 +315,49 @@ pub(crate) fn for_each_guided(count: usize, f: impl Fn(usize, usize) + Sync) {
         }
     });
 }
+
+/// Element types whose all-zero bit pattern is the value zero.
+///
+/// # Safety
+/// Every implementor must be valid, and zero, when all its bytes are 0.
+pub(crate) unsafe trait ZeroBits: Copy + Default + Send {}
+// SAFETY: integers and IEEE floats are 0 (or +0.0) when all bits are 0.
+unsafe impl ZeroBits for i8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for f32 {}
+
+/// `rows × cols` zeros, written in chunks of `per` rows shared out from both ends like the rows job
+/// that will fill them (see [`Side`]), so that each row's lines are first written on the core that
+/// fills them, not pulled over from the core that zeroed them.
+pub(crate) fn zeroed_rows<T: ZeroBits>(rows: usize, cols: usize, per: usize) -> Vec<T> {
+    let len = rows * cols;
+    if per == 0 || per >= rows || len == 0 {
+        return vec![T::default(); len];
+    }
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    struct Base<T>(*mut T);
+    impl<T> Base<T> {
+        /// Zero rows `[r0, r1)`.
+        ///
+        /// # Safety
+        /// The rows must lie inside the allocation and no other thread may touch them meanwhile.
+        unsafe fn zero(&self, r0: usize, r1: usize, cols: usize) {
+            // SAFETY: forwarded from the caller; zero bytes are a valid `T` (`ZeroBits`).
+            unsafe { self.0.add(r0 * cols).write_bytes(0, (r1 - r0) * cols) };
+        }
+    }
+    // SAFETY: the pointer is only used for disjoint writes (one chunk of rows per call).
+    unsafe impl<T> Sync for Base<T> {}
+    let base = Base(v.as_mut_ptr());
+    for_each_chunk(rows.div_ceil(per), |c| {
+        let (r0, r1) = (c * per, ((c + 1) * per).min(rows));
+        // SAFETY: rows [r0, r1) lie inside the capacity of `v` (rows × cols elements) and chunks
+        // are disjoint.
+        unsafe { base.zero(r0, r1, cols) };
+    });
+    // SAFETY: every chunk of rows, so every element, was written above.
+    unsafe { v.set_len(len) };
+    v
+}

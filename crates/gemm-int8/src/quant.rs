@@ -1,5 +1,6 @@
 //! Row quantization (DESIGN.md §3.1–3.3): one f32 scale per row, values rounded ties-to-even into ±127.
 
+use std::mem::MaybeUninit;
 use std::sync::Mutex;
 
 use crate::{Error, MAX_K, Operand};
@@ -122,14 +123,25 @@ pub(crate) fn quantize(
             expected,
         });
     }
-    let mut q = vec![0i8; expected];
     let mut scales = vec![0f32; rows];
     if k == 0 {
-        return Ok(Quantized { rows, k, q, scales });
+        return Ok(Quantized {
+            rows,
+            k,
+            q: Vec::new(),
+            scales,
+        });
     }
     let per = crate::pool::rows_per_chunk(rows, k, crate::PARALLEL_MIN_ELEMENTS);
+    // Each row is written whole by `quantize_row` (on the thread that quantizes it) before `q`
+    // takes its length.
+    let mut q: Vec<i8> = Vec::with_capacity(expected);
+    let q_rows = &mut q.spare_capacity_mut()[..expected];
     // Rows `[r0, …)` of `x` into `q` and `scales`; the first refusal by row order.
-    type Rows<'a> = (usize, (&'a [f32], (&'a mut [i8], &'a mut [f32])));
+    type Rows<'a> = (
+        usize,
+        (&'a [f32], (&'a mut [MaybeUninit<i8>], &'a mut [f32])),
+    );
     let job = |(r0, (x, (q, scales))): Rows<'_>| {
         for (i, ((row, out), scale)) in x
             .chunks_exact(k)
@@ -147,14 +159,14 @@ pub(crate) fn quantize(
         Ok(())
     };
     if per >= rows {
-        job((0, (x, (&mut q, &mut scales))))?;
+        job((0, (x, (q_rows, &mut scales))))?;
     } else {
         let first: Mutex<Option<Error>> = Mutex::new(None);
         let items: Vec<_> = (0..rows)
             .step_by(per)
             .zip(
                 x.chunks(per * k)
-                    .zip(q.chunks_mut(per * k).zip(scales.chunks_mut(per))),
+                    .zip(q_rows.chunks_mut(per * k).zip(scales.chunks_mut(per))),
             )
             .collect();
         crate::pool::for_each_item(items, |item| {
@@ -176,6 +188,8 @@ pub(crate) fn quantize(
             return Err(e);
         }
     }
+    // SAFETY: no refusal, so every row of the first `expected` elements was written above.
+    unsafe { q.set_len(expected) };
     Ok(Quantized { rows, k, q, scales })
 }
 
@@ -183,7 +197,7 @@ pub(crate) fn quantize(
 ///
 /// Compiled three times, for baseline x86-64, AVX2 and AVX-512 (only integer ops and single IEEE
 /// operations, so every copy gives the same bits); the widest the CPU runs is chosen at run time.
-fn quantize_row(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+fn quantize_row(row: &[f32], out: &mut [MaybeUninit<i8>], scale: &mut f32) -> Result<(), usize> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512bw") {
         // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
@@ -199,18 +213,30 @@ fn quantize_row(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usiz
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_row_avx512(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+unsafe fn quantize_row_avx512(
+    row: &[f32],
+    out: &mut [MaybeUninit<i8>],
+    scale: &mut f32,
+) -> Result<(), usize> {
     quantize_row_impl(row, out, scale)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn quantize_row_avx2(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+unsafe fn quantize_row_avx2(
+    row: &[f32],
+    out: &mut [MaybeUninit<i8>],
+    scale: &mut f32,
+) -> Result<(), usize> {
     quantize_row_impl(row, out, scale)
 }
 
 #[inline(always)]
-fn quantize_row_impl(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(), usize> {
+fn quantize_row_impl(
+    row: &[f32],
+    out: &mut [MaybeUninit<i8>],
+    scale: &mut f32,
+) -> Result<(), usize> {
     // |v| ordered as f32 is |v| ordered as its bits; anything at or above +inf's bits is not finite.
     let max_bits = row
         .iter()
@@ -220,20 +246,21 @@ fn quantize_row_impl(row: &[f32], out: &mut [i8], scale: &mut f32) -> Result<(),
     }
     let m = f32::from_bits(max_bits);
     if m < f32::MIN_POSITIVE {
+        out.fill(MaybeUninit::new(0));
         return Ok(()); // zeros, scale 0
     }
     *scale = m / 127.0;
     let inv = 127.0 / m;
     if inv.is_finite() {
         for (o, &v) in out.iter_mut().zip(row) {
-            *o = round_clamp_finite(v * inv);
+            o.write(round_clamp_finite(v * inv));
         }
     } else {
         // For m < 3.8e-37 `inv` overflows to +inf; `0 · inf` is NaN, which `as i8` maps to 0, and
         // every other element saturates to ±127. That is the contract read literally, and it is the
         // same on every machine because quantization only ever runs here.
         for (o, &v) in out.iter_mut().zip(row) {
-            *o = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            o.write((v * inv).round_ties_even().clamp(-127.0, 127.0) as i8);
         }
     }
     Ok(())
