@@ -3,6 +3,7 @@
 //! about how a hidden state reaches the other stages.
 
 use crate::block::StageCache;
+use crate::json::{JSON_TOP_K, JsonMask, top_k};
 use crate::sample::{Sampling, argmax, pick, prefill_chunks, top2_margin};
 use crate::stage::Stage;
 use crate::{Error, Result};
@@ -81,6 +82,20 @@ pub fn generate<E: From<Error>>(
     opts: &GenerateOptions,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
 ) -> Result<Generation, E> {
+    generate_masked(head, prompt, opts, None, lap)
+}
+
+/// [`generate`] with the JSON mask: each token is chosen among the [`JSON_TOP_K`] most likely that
+/// keep the completion a prefix of one JSON value (greedy: the most likely of them; sampled: drawn
+/// from them alone), and the turn ends when the value is complete. The logits are masked after the
+/// lm_head, so no hidden state changes.
+pub fn generate_masked<E: From<Error>>(
+    head: &Stage,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut mask: Option<&mut JsonMask>,
+    lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
+) -> Result<Generation, E> {
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt has no tokens".to_string()).into());
     }
@@ -133,7 +148,34 @@ pub fn generate<E: From<Error>>(
             last = back[(rows - 1) * h..].to_vec();
         }
         let logits = head.logits(&last, 1)?;
-        let next = pick(&logits, opts.sampling, ids.len());
+        let next = match mask.as_deref_mut() {
+            None => pick(&logits, opts.sampling, ids.len()),
+            Some(m) => {
+                let allowed: Vec<u32> = top_k(&logits, JSON_TOP_K)
+                    .into_iter()
+                    .filter(|&id| m.allows(id))
+                    .collect();
+                let Some(&best) = allowed.first() else {
+                    return Err(Error::Invalid(format!(
+                        "JSON output: none of the {JSON_TOP_K} most likely tokens continues a JSON \
+                         object or array at generated token {} (ask for JSON in the prompt)",
+                        out.ids.len() + 1
+                    ))
+                    .into());
+                };
+                let next = if opts.sampling.temperature > 0.0 {
+                    let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+                    for &id in &allowed {
+                        masked[id as usize] = logits[id as usize];
+                    }
+                    pick(&masked, opts.sampling, ids.len())
+                } else {
+                    best
+                };
+                m.accept(next);
+                next
+            }
+        };
         out.margins.push(top2_margin(&logits));
         if out.first_logits.is_empty() {
             out.first_logits = logits;
@@ -141,6 +183,9 @@ pub fn generate<E: From<Error>>(
         ids.push(next);
         out.ids.push(next);
         if !opts.ignore_eos && opts.eos_token_ids.contains(&next) {
+            break;
+        }
+        if mask.as_deref().is_some_and(JsonMask::complete) {
             break;
         }
         pending.push(match opts.path {

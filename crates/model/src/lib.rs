@@ -15,6 +15,7 @@ mod error;
 mod exp;
 mod gemm;
 mod generate;
+mod json;
 mod ops;
 mod sample;
 mod source;
@@ -24,7 +25,10 @@ pub use block::StageCache;
 pub use config::{Activation, Config, Family};
 pub use error::{Error, Result};
 pub use gemm::Precision;
-pub use generate::{GenerateOptions, Generation, Pass, Path, Scored, alone, generate, score};
+pub use generate::{
+    GenerateOptions, Generation, Pass, Path, Scored, alone, generate, generate_masked, score,
+};
+pub use json::{JSON_TOP_K, JsonMask, JsonPrefix};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
 pub use source::{RawDType, RawTensor, Source};
 pub use stage::Stage;

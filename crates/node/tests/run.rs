@@ -302,3 +302,72 @@ fn run_json_over_a_split_matches_the_goldens() {
         "mistral's run matched llama's golden"
     );
 }
+
+/// `--json-output` (the JSON mask): SmolLM2 asked for JSON answers with one object or array that an
+/// independent parser (serde_json) accepts, split or not (`--verify` reruns it unsplit); a prompt
+/// whose likely tokens cannot start one is refused by name instead of approximated.
+#[test]
+fn json_output_is_one_parseable_value() {
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let model = model.to_str().unwrap();
+    let prompt = "Give the name and age of a fictional person as a JSON object with keys \"name\" and \"age\".";
+    let out = node(&[
+        "run",
+        "--model",
+        model,
+        "--chat",
+        "--prompt",
+        prompt,
+        "--json-output",
+        "--max-new-tokens",
+        "60",
+        "--stages",
+        "10,10,10",
+        "--path",
+        "full-window",
+        "--verify",
+        "--backend",
+        "cpu",
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j = last_json(&out);
+    assert_eq!(j["json_complete"], true, "{j}");
+    let text = j["text"].as_str().unwrap();
+    let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    assert!(value.is_object() || value.is_array(), "{value}");
+    assert_eq!(j["verify"]["ids_equal"], true);
+    // The turn ends at the closing bracket: the last generated token completes the value.
+    let ids = j["ids"].as_array().unwrap();
+    assert!(ids.len() < 60, "{} ids", ids.len());
+
+    let prose = node(&[
+        "run",
+        "--model",
+        model,
+        "--chat",
+        "--prompt",
+        "Describe a cat.",
+        "--json-output",
+        "--max-new-tokens",
+        "20",
+        "--backend",
+        "cpu",
+    ]);
+    assert!(!prose.status.success());
+    assert!(prose.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&prose.stderr);
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("error: JSON output: none of the 40 most likely"),
+        "{stderr}"
+    );
+}

@@ -142,6 +142,18 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// The bytes a vocabulary token stands for (byte-level characters mapped back to bytes); `None`
+    /// for an added token (`<|im_end|>`, …) or an unknown id.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let token = self.id_to_token.get(&id)?;
+        if self.added.token_to_id(token) == Some(id) {
+            return None;
+        }
+        let mut bytes = Vec::new();
+        bytelevel::token_to_bytes(token, &mut bytes);
+        Some(bytes)
+    }
+
     /// The id of a token (added tokens first, then the model's vocabulary).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.added

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use daisy_gemm_int8::Backend;
 use daisy_loader::Checkpoint;
-use daisy_model::{Config, GenerateOptions, Path, Precision, Sampling, Stage, generate};
+use daisy_model::{
+    Config, GenerateOptions, JsonMask, Path, Precision, Sampling, Stage, generate_masked,
+};
 use daisy_tokenizer::{ChatTemplate, Message as ChatMessage, Tokenizer};
 use daisy_wire::Plan;
 pub(crate) use node::lap::LocalRing;
@@ -38,7 +40,8 @@ pub(crate) struct Args {
     /// The sampling seed (used above temperature 0).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Keep the completion inside a JSON value (not built yet).
+    /// Keep the completion inside one JSON value: each token is chosen among the 40 most likely
+    /// that continue it, and the turn ends when the value is complete.
     #[arg(long)]
     json_output: bool,
     /// Layer count of each stage, head first (`10,10,10`); one number is the unsplit run.
@@ -150,9 +153,6 @@ fn ranges(plan: &Plan) -> Vec<Range<usize>> {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    if args.json_output {
-        bail!("--json-output is not built yet");
-    }
     let json_format = match args.format.as_str() {
         "text" => false,
         "json" => true,
@@ -225,7 +225,18 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         Path::Cached => daisy_model::prefill_chunks(prompt_ids.len()).len(),
     };
     let mut prefill_s = 0.0;
-    let generation = generate(&stages[0], &prompt_ids, &opts, &mut |p| {
+    let new_mask = || {
+        args.json_output.then(|| {
+            let vocab = opened.config.vocab_size.max(opened.tokenizer.vocab_size());
+            JsonMask::new(
+                (0..vocab as u32)
+                    .map(|id| opened.tokenizer.token_bytes(id))
+                    .collect(),
+            )
+        })
+    };
+    let mut mask = new_mask();
+    let generation = generate_masked(&stages[0], &prompt_ids, &opts, mask.as_mut(), &mut |p| {
         let lap = p.lap;
         let out = ring.lap(p);
         if lap + 1 == prefill_laps {
@@ -236,6 +247,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let generate_s = t1.elapsed().as_secs_f64();
     let decode_tokens = generation.ids.len().saturating_sub(1);
     let text = opened.tokenizer.decode(&generation.ids, true)?;
+    let json_complete = mask.as_ref().map(JsonMask::complete);
+    if json_complete == Some(false) {
+        eprintln!(
+            "json-output: the value is not complete after --max-new-tokens {}",
+            args.max_new_tokens
+        );
+    }
 
     let mut verify = serde_json::Value::Null;
     let mut verify_failed = None;
@@ -248,9 +266,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         };
         let solo_stages = solo.as_deref().unwrap_or(&stages);
         let mut solo_ring = LocalRing::new(&single, solo_stages, 2);
-        let again = generate(&solo_stages[0], &prompt_ids, &opts, &mut |p| {
-            solo_ring.lap(p)
-        })?;
+        let mut solo_mask = new_mask();
+        let again = generate_masked(
+            &solo_stages[0],
+            &prompt_ids,
+            &opts,
+            solo_mask.as_mut(),
+            &mut |p| solo_ring.lap(p),
+        )?;
         let equal = again.ids == generation.ids;
         if equal && !json_format {
             eprintln!(
@@ -291,6 +314,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             "hops": hops,
             "laps": generation.laps,
             "verify": verify,
+            "json_complete": json_complete,
             "timings": {
                 "load_s": load_s,
                 "generate_s": generate_s,
