@@ -132,19 +132,26 @@ fn audit_named(
         .collect();
     // The first disagreeing cell (in the seeded order) among those whose index is `h` modulo
     // `step`: (index, got, expected).
+    // Cells are visited by column so that a column shared by several cells is gathered once.
     let check = |h: usize, step: usize| -> Option<(usize, i32, i32)> {
+        let mut order: Vec<usize> = (h..picks.len()).step_by(step).collect();
+        order.sort_by_key(|&i| picks[i].1);
         let mut qb = vec![0i8; b.k()];
-        picks
-            .iter()
-            .enumerate()
-            .skip(h)
-            .step_by(step)
-            .find_map(|(i, &(row, col))| {
+        let mut gathered = usize::MAX;
+        let mut first: Option<(usize, i32, i32)> = None;
+        for i in order {
+            let (row, col) = picks[i];
+            if col != gathered {
                 b.write_row(col, &mut qb);
-                let expected = reference_cell(a.row(row), &qb);
-                let got = acc[row * n + col];
-                (got != expected).then_some((i, got, expected))
-            })
+                gathered = col;
+            }
+            let expected = reference_cell(a.row(row), &qb);
+            let got = acc[row * n + col];
+            if got != expected && first.is_none_or(|(j, ..)| i < j) {
+                first = Some((i, got, expected));
+            }
+        }
+        first
     };
     // Long rows: the two blocks' cells on two threads (after a decode GEMM the audited panels are
     // out in the last-level cache, and gathering them is most of the audit's time).
