@@ -42,6 +42,7 @@ pub(super) unsafe fn gemm_panels(
         groups.div_ceil(groups.div_ceil(KC_GROUPS))
     };
     let tile = Tile {
+        stream: t <= STREAM_MAX_T,
         a: a.as_ptr(),
         k,
         corr: b.corr().as_ptr(),
@@ -83,6 +84,8 @@ pub(super) unsafe fn gemm_panels(
 }
 
 struct Tile {
+    /// Decode (t ≤ [`STREAM_MAX_T`], K unblocked): prefetch B.
+    stream: bool,
     a: *const u8,
     k: usize,
     corr: *const i32,
@@ -101,6 +104,9 @@ struct At {
     g0: usize,
     g1: usize,
 }
+
+/// Groups ahead that a decode tile asks for B.
+const PREFETCH_GROUPS: usize = 16;
 
 macro_rules! dispatch_np {
     ($tile:expr, $m:literal, $np:expr, $at:expr) => {
@@ -144,10 +150,26 @@ unsafe fn micro<const M: usize, const P: usize>(tile: &Tile, at: &At) {
     let mut acc = [[_mm512_setzero_si512(); P]; M];
     // SAFETY: the caller guarantees rows r..r+M < t, panels p..p+P < panels in one block and groups
     // g0..g1 ≤ groups, so every A read (4 bytes at row·k + 4g, 4g + 4 ≤ kmain ≤ k) and every B line is
-    // in bounds; lines are 64-byte aligned (`Line` is `align(64)`).
+    // in bounds, and so is every line prefetched (groups below g1 only); lines are 64-byte aligned
+    // (`Line` is `align(64)`).
     unsafe {
+        // Decode streams B from memory, one run of lines per unit: ask for the first lines of the
+        // run at once, then keep requests a fixed distance ahead of the loads.
+        let stream = tile.stream;
+        if stream {
+            for g in g0..(g0 + PREFETCH_GROUPS).min(g1) {
+                for j in 0..P {
+                    _mm_prefetch::<_MM_HINT_T0>(lines.add(g * stride + j).cast());
+                }
+            }
+        }
         for g in g0..g1 {
             let line = lines.add(g * stride);
+            if stream && g + PREFETCH_GROUPS < g1 {
+                for j in 0..P {
+                    _mm_prefetch::<_MM_HINT_T0>(line.add(PREFETCH_GROUPS * stride + j).cast());
+                }
+            }
             let mut bv = [_mm512_setzero_si512(); P];
             for (j, v) in bv.iter_mut().enumerate() {
                 *v = _mm512_load_si512(line.add(j));
