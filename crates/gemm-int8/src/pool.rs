@@ -33,8 +33,6 @@ pub(crate) struct Pool {
     /// A worker's job panicked (re-raised on the caller).
     panicked: AtomicBool,
     sleepers: AtomicUsize,
-    /// The CPU the caller of the latest job ran on (`usize::MAX` when unknown).
-    caller_cpu: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -53,7 +51,6 @@ pub(crate) fn pool() -> &'static Pool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
-            caller_cpu: AtomicUsize::new(usize::MAX),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         }));
@@ -88,7 +85,6 @@ impl Pool {
             f(Side::Front);
             return;
         }
-        self.caller_cpu.store(current_cpu(), Ordering::Relaxed);
         let job: JobRef<'_> = f;
         self.job
             .store((&raw const job).cast_mut().cast(), Ordering::Relaxed);
@@ -176,12 +172,7 @@ impl Pool {
             if !spins.is_multiple_of(256) {
                 continue;
             }
-            // Spinning on the caller's own core (other load on the machine left no other core)
-            // only takes time from the caller: park instead; a wake-up places a thread on an idle
-            // core when there is one.
-            let cpu = current_cpu();
-            let shared = cpu != usize::MAX && cpu == self.caller_cpu.load(Ordering::Relaxed);
-            if start.elapsed() < SPIN && !shared {
+            if start.elapsed() < SPIN {
                 std::thread::yield_now();
                 continue;
             }
@@ -195,19 +186,6 @@ impl Pool {
             start = Instant::now();
         }
     }
-}
-
-/// The CPU this thread runs on, `usize::MAX` where unknown.
-fn current_cpu() -> usize {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: sched_getcpu takes no arguments and only reads the current CPU number.
-        let cpu = unsafe { libc::sched_getcpu() };
-        if let Ok(cpu) = usize::try_from(cpu) {
-            return cpu;
-        }
-    }
-    usize::MAX
 }
 
 /// Which end of a job's work a thread takes from: the caller the front, the workers the back.
