@@ -16,25 +16,22 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    let json_format = super::json_format(&args.format)?;
     let list = daisy_wgsl::adapters();
-    match args.format.as_str() {
-        "text" => {
-            for a in &list {
-                let kind = if a.software { "software" } else { "hardware" };
-                println!("{}\t{kind}", a.name);
-            }
-            if list.is_empty() {
-                eprintln!("no wgpu adapter found");
-            }
+    if json_format {
+        let out: Vec<_> = list
+            .iter()
+            .map(|a| json!({ "name": a.name, "software": a.software }))
+            .collect();
+        println!("{}", serde_json::Value::Array(out));
+    } else {
+        for a in &list {
+            let kind = if a.software { "software" } else { "hardware" };
+            println!("{}\t{kind}", a.name);
         }
-        "json" => {
-            let out: Vec<_> = list
-                .iter()
-                .map(|a| json!({ "name": a.name, "software": a.software }))
-                .collect();
-            println!("{}", serde_json::Value::Array(out));
+        if list.is_empty() {
+            eprintln!("no wgpu adapter found");
         }
-        other => bail!("--format `{other}`, expected text or json"),
     }
     Ok(())
 }

@@ -153,11 +153,7 @@ fn ranges(plan: &Plan) -> Vec<Range<usize>> {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let json_format = match args.format.as_str() {
-        "text" => false,
-        "json" => true,
-        other => bail!("--format `{other}`, expected text or json"),
-    };
+    let json_format = super::json_format(&args.format)?;
     let precision = Precision::parse(&args.precision)?;
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
         bail!(

@@ -36,11 +36,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let json_format = match args.format.as_str() {
-        "text" => false,
-        "json" => true,
-        other => bail!("--format `{other}`, expected text or json"),
-    };
+    let json_format = super::json_format(&args.format)?;
     let precision = Precision::parse(&args.precision)?;
     let choice = parse_backend(&args.backend)?;
     let opened = open(&args.model)?;
