@@ -14,6 +14,30 @@ const MODEL: &str = "target/fixtures/SmolLM2-135M-Instruct";
 const TEXT: &str = "fixtures/text/essay.txt";
 
 /// `node` from the release profile (built here).
+/// `node run` on SmolLM2 in int8 with `new_tokens` generated (end-of-sequence ignored) on `path`.
+fn run_int8(root: &Path, prompt: &str, new_tokens: usize, path: &str) -> anyhow::Result<Value> {
+    let n = new_tokens.to_string();
+    node(
+        root,
+        &[
+            "run",
+            "--model",
+            MODEL,
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            &n,
+            "--ignore-eos",
+            "--path",
+            path,
+            "--precision",
+            "int8",
+            "--format",
+            "json",
+        ],
+    )
+}
+
 fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
     let out = Command::new(root.join("target/release/node"))
         .args(args)
@@ -92,29 +116,7 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         let mut best = 0f64;
         let mut tokens = 0;
         for _ in 0..3 {
-            let j = node(
-                &root,
-                &[
-                    "run",
-                    "--model",
-                    MODEL,
-                    "--prompt",
-                    &prompt,
-                    "--max-new-tokens",
-                    "1",
-                    "--ignore-eos",
-                ]
-                .into_iter()
-                .chain([
-                    "--path",
-                    "full-window",
-                    "--precision",
-                    "int8",
-                    "--format",
-                    "json",
-                ])
-                .collect::<Vec<_>>(),
-            )?;
+            let j = run_int8(&root, &prompt, 1, "full-window")?;
             tokens = j["prompt_ids"].as_array().map_or(0, Vec::len);
             best = best.max(tokens as f64 / timing(&j, "prefill_s")?);
         }
@@ -126,29 +128,7 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         ));
     }
     let prompt = prompt_of(&root, &text, 16)?;
-    let j = node(
-        &root,
-        &[
-            "run",
-            "--model",
-            MODEL,
-            "--prompt",
-            &prompt,
-            "--max-new-tokens",
-            "129",
-            "--ignore-eos",
-        ]
-        .into_iter()
-        .chain([
-            "--path",
-            "cached",
-            "--precision",
-            "int8",
-            "--format",
-            "json",
-        ])
-        .collect::<Vec<_>>(),
-    )?;
+    let j = run_int8(&root, &prompt, 129, "cached")?;
     figures.push(fig(
         "model/smollm2-135m/int8/decode_cached_1_stage",
         timing(&j, "decode_tokens_per_s")?,

@@ -58,6 +58,27 @@ impl Quantized {
         Ok(Self { rows, k, q, scales })
     }
 
+    /// No rows yet, `k` wide: a key cache that [`Quantized::append`] grows.
+    pub fn empty(k: usize) -> Result<Self, Error> {
+        Self::from_parts(0, k, Vec::new(), Vec::new())
+    }
+
+    /// Append the rows of `other` (rows quantize independently, so this is what quantizing all the
+    /// rows together gives).
+    pub fn append(&mut self, other: &Quantized) -> Result<(), Error> {
+        if other.k != self.k {
+            return Err(Error::Shape {
+                what: "appended row length",
+                got: other.k,
+                expected: self.k,
+            });
+        }
+        self.q.extend_from_slice(&other.q);
+        self.scales.extend_from_slice(&other.scales);
+        self.rows += other.rows;
+        Ok(())
+    }
+
     /// Rows whose invariants the caller already holds (unpacked from a `PackedWeights`).
     pub(crate) fn from_raw(rows: usize, k: usize, q: Vec<i8>, scales: Vec<f32>) -> Self {
         Self { rows, k, q, scales }

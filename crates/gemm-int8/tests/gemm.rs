@@ -582,3 +582,17 @@ fn measured_rate_is_positive() {
     let rate = measure_rate(&CpuBackend::new()).unwrap();
     assert!(rate.is_finite() && rate > 0.0, "{rate}");
 }
+
+#[test]
+fn appended_rows_equal_rows_quantized_together() {
+    let (a, b) = (matrix(11, 3, 70), matrix(12, 5, 70));
+    let mut grown = Quantized::empty(70).unwrap();
+    grown.append(&quantize_rows(&a, 3, 70).unwrap()).unwrap();
+    grown.append(&quantize_rows(&b, 5, 70).unwrap()).unwrap();
+    let all: Vec<f32> = a.iter().chain(&b).copied().collect();
+    assert_eq!(grown, quantize_rows(&all, 8, 70).unwrap());
+    // Mutation: rows of another width are refused, not mixed in.
+    let other = quantize_rows(&matrix(13, 1, 69), 1, 69).unwrap();
+    assert!(grown.append(&other).is_err());
+    assert_eq!(grown.rows(), 8);
+}

@@ -13,6 +13,8 @@
 
 use rayon::prelude::*;
 
+use daisy_gemm_int8::Quantized;
+
 use crate::gemm::{ActRhs, Ctx, act_gemm_rhs, act_rhs, quantize_keys};
 use crate::ops::softmax;
 use crate::{Error, Result};
@@ -23,7 +25,7 @@ use crate::{Error, Result};
 pub(crate) struct LayerCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    kq: Vec<(Vec<i8>, Vec<f32>)>,
+    kq: Vec<Quantized>,
     len: usize,
 }
 
@@ -93,7 +95,11 @@ pub(crate) fn attention(
     if cache.k.is_empty() {
         cache.k = vec![Vec::new(); num_kv_heads];
         cache.v = vec![Vec::new(); num_kv_heads];
-        cache.kq = vec![(Vec::new(), Vec::new()); num_kv_heads];
+        if cx.precision == crate::Precision::Int8 {
+            let empty = Quantized::empty(hd)
+                .map_err(|e| crate::gemm::gemm_err(&|| format!("keys of layer {layer}"), e))?;
+            cache.kq = vec![empty; num_kv_heads];
+        }
     }
     let mut new_k = Vec::with_capacity(t * hd);
     for g in 0..num_kv_heads {
@@ -101,8 +107,7 @@ pub(crate) fn attention(
         split(k, g, &mut new_k);
         if cx.precision == crate::Precision::Int8 {
             let what = || format!("keys of layer {layer} kv head {g}");
-            let (q, scales) = &mut cache.kq[g];
-            quantize_keys(&new_k, t, hd, q, scales, &what)?;
+            quantize_keys(&new_k, t, hd, &mut cache.kq[g], &what)?;
         }
         cache.k[g].extend_from_slice(&new_k);
         split(v, g, &mut cache.v[g]);
@@ -125,10 +130,7 @@ pub(crate) fn attention(
         }
         let what = || format!("attention scores of layer {layer} kv head {g}");
         let keys = match cx.precision {
-            crate::Precision::Int8 => {
-                let (q, scales) = &cache.kq[g];
-                ActRhs::quantized(q, scales, nk, hd, &what)?
-            }
+            crate::Precision::Int8 => ActRhs::Int8(&cache.kq[g]),
             crate::Precision::F32 => ActRhs::F32 {
                 b: &cache.k[g],
                 n: nk,

@@ -56,7 +56,7 @@ pub(crate) enum Weight {
     Int8(PackedWeights),
 }
 
-fn gemm_err(what: &dyn Fn() -> String, e: daisy_gemm_int8::Error) -> Error {
+pub(crate) fn gemm_err(what: &dyn Fn() -> String, e: daisy_gemm_int8::Error) -> Error {
     Error::Gemm {
         what: what(),
         reason: e.to_string(),
@@ -163,23 +163,14 @@ impl Linear {
 /// The B operand of an attention product (`n×k`: K rows, or Vᵀ rows), prepared once for every
 /// query head that shares it.
 pub(crate) enum ActRhs<'a> {
-    F32 { b: &'a [f32], n: usize, k: usize },
-    Int8(Quantized),
-}
-
-impl ActRhs<'_> {
-    /// From rows already quantized (the key cache).
-    pub(crate) fn quantized(
-        q: &[i8],
-        scales: &[f32],
+    F32 {
+        b: &'a [f32],
         n: usize,
         k: usize,
-        what: &dyn Fn() -> String,
-    ) -> Result<ActRhs<'static>> {
-        Quantized::from_parts(n, k, q.to_vec(), scales.to_vec())
-            .map(ActRhs::Int8)
-            .map_err(|e| gemm_err(what, e))
-    }
+    },
+    /// Quantized for this call (Vᵀ), or borrowed from the key cache.
+    Int8Owned(Quantized),
+    Int8(&'a Quantized),
 }
 
 /// `b` (`n×k`) as the B operand at the context's precision: quantized per row for int8.
@@ -193,7 +184,7 @@ pub(crate) fn act_rhs<'a>(
     match cx.precision {
         Precision::F32 => Ok(ActRhs::F32 { b, n, k }),
         Precision::Int8 => quantize_rows(b, n, k)
-            .map(ActRhs::Int8)
+            .map(ActRhs::Int8Owned)
             .map_err(|e| gemm_err(what, e)),
     }
 }
@@ -203,14 +194,11 @@ pub(crate) fn quantize_keys(
     rows: &[f32],
     t: usize,
     k: usize,
-    q: &mut Vec<i8>,
-    scales: &mut Vec<f32>,
+    cache: &mut Quantized,
     what: &dyn Fn() -> String,
 ) -> Result<()> {
     let new = quantize_rows(rows, t, k).map_err(|e| gemm_err(what, e))?;
-    q.extend_from_slice(new.q());
-    scales.extend_from_slice(new.scales());
-    Ok(())
+    cache.append(&new).map_err(|e| gemm_err(what, e))
 }
 
 /// `C = A·Bᵀ` for an activation A (`t×k`) and a prepared activation B (attention scores and
@@ -222,11 +210,11 @@ pub(crate) fn act_gemm_rhs(
     b: &ActRhs<'_>,
     what: &dyn Fn() -> String,
 ) -> Result<Vec<f32>> {
-    match b {
-        ActRhs::F32 { b, n, k } => Ok(matmul_f32(a, t, b, *n, *k)),
-        ActRhs::Int8(qb) => {
-            let qa = quantize_rows(a, t, qb.k()).map_err(|e| gemm_err(what, e))?;
-            gemm_quantized(cx.backend, &qa, Rhs::Activation(qb)).map_err(|e| gemm_err(what, e))
-        }
-    }
+    let qb: &Quantized = match b {
+        ActRhs::F32 { b, n, k } => return Ok(matmul_f32(a, t, b, *n, *k)),
+        ActRhs::Int8Owned(qb) => qb,
+        ActRhs::Int8(qb) => qb,
+    };
+    let qa = quantize_rows(a, t, qb.k()).map_err(|e| gemm_err(what, e))?;
+    gemm_quantized(cx.backend, &qa, Rhs::Activation(qb)).map_err(|e| gemm_err(what, e))
 }

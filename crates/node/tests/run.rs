@@ -85,30 +85,35 @@ fn loader_refusal_corpus_is_refused_before_computing() {
             case.clone()
         };
         let model = model.to_string_lossy().into_owned();
-        for args in [
-            vec![
-                "run",
-                "--model",
-                &model,
-                "--prompt",
-                "hi",
-                "--max-new-tokens",
-                "1",
-            ],
-            vec!["score", "--model", &model, "--text", "hi there"],
-        ] {
-            match refused(&node(&args)) {
-                Ok(line) if line.contains(expect) => {}
-                Ok(line) => faults.push(format!(
-                    "{name} ({}): {line:?} does not contain {expect:?}",
-                    args[0]
-                )),
-                Err(e) => faults.push(format!("{name} ({}): {e}", args[0])),
-            }
-        }
+        refused_by_run_and_score(&model, &name, expect, &mut faults);
     }
     assert!(seen >= 10, "only {seen} refusal cases found");
     assert!(faults.is_empty(), "{}", faults.join("\n"));
+}
+
+/// `run` and `score` on `model` must each be refused in one line containing `expect`; faults are
+/// pushed naming the case and the command.
+fn refused_by_run_and_score(model: &str, name: &str, expect: &str, faults: &mut Vec<String>) {
+    let run = [
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "1",
+    ];
+    let score = ["score", "--model", model, "--text", "hi there"];
+    for args in [&run[..], &score[..]] {
+        match refused(&node(args)) {
+            Ok(line) if line.contains(expect) => {}
+            Ok(line) => faults.push(format!(
+                "{name} ({}): {line:?} does not contain {expect:?}",
+                args[0]
+            )),
+            Err(e) => faults.push(format!("{name} ({}): {e}", args[0])),
+        }
+    }
 }
 
 /// A copy of the tiny llama fixture whose `tokenizer.json` is `tokenizer`.
@@ -157,27 +162,7 @@ fn tokenizer_refusal_corpus_is_refused_before_computing() {
         let tmp = tempfile::tempdir().unwrap();
         let m = llama_with_tokenizer(tmp.path(), &std::fs::read(&case).unwrap());
         let m = m.to_string_lossy().into_owned();
-        for args in [
-            vec![
-                "run",
-                "--model",
-                &m,
-                "--prompt",
-                "hi",
-                "--max-new-tokens",
-                "1",
-            ],
-            vec!["score", "--model", &m, "--text", "hi there"],
-        ] {
-            match refused(&node(&args)) {
-                Ok(line) if line.contains("tokenizer") => {}
-                Ok(line) => faults.push(format!(
-                    "{name} ({}): {line:?} does not name the tokenizer",
-                    args[0]
-                )),
-                Err(e) => faults.push(format!("{name} ({}): {e}", args[0])),
-            }
-        }
+        refused_by_run_and_score(&m, &name, "tokenizer", &mut faults);
     }
     assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
