@@ -1,15 +1,15 @@
 //! Conformance: replays real model splits against independent goldens, and mutation cases that must fail.
 //!
-//! This library holds what the `conformance` test binary drives: opening the fixture models, an
-//! in-process ring that sends every hop through `wire` encode/decode and `ring::route` (the same
-//! route `node run --stages` takes), and the comparison rules of DESIGN.md §6.
+//! This library holds what the `conformance` test binary drives: opening the fixture models and their
+//! splits. The in-process ring is `daisy_engine::LocalRing`, the one `node run --stages` plays and
+//! the networked ring's members step through, so the suite tests the product's own lap code.
 
 use std::ops::Range;
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
-use daisy_loader::Checkpoint;
-use daisy_model::{Config, Precision, Stage};
+use anyhow::Context;
+use daisy_loader::{Checkpoint, ModelConfig};
+use daisy_model::{Precision, Stage};
 use daisy_wire::Plan;
 
 /// The workspace root.
@@ -25,17 +25,17 @@ pub fn smollm2_dir() -> PathBuf {
     root().join("target/fixtures/SmolLM2-135M-Instruct")
 }
 
-/// A checkpoint and its resolved config.
+/// A checkpoint and its config.
 pub struct Model {
     pub checkpoint: Checkpoint,
-    pub config: Config,
+    pub config: ModelConfig,
 }
 
 impl Model {
     pub fn open(dir: &std::path::Path) -> anyhow::Result<Self> {
         let checkpoint = Checkpoint::open(&dir.to_string_lossy())
             .with_context(|| format!("opening {}", dir.display()))?;
-        let config = Config::from_loader(checkpoint.config())?;
+        let config = checkpoint.config().clone();
         Ok(Self { checkpoint, config })
     }
 
@@ -83,28 +83,4 @@ pub fn golden(name: &str) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::from_slice(&bytes)?)
 }
 
-pub use node::lap::{Hop, LocalRing as Ring, sha256_f32};
-
-/// Refuse stages that do not hold what the plan assigns them, or that come from another model.
-pub fn check_stages(plan: &Plan, stages: &[Stage]) -> anyhow::Result<()> {
-    if plan.len() != stages.len() {
-        bail!(
-            "{} stages loaded for a plan of {}",
-            stages.len(),
-            plan.len()
-        );
-    }
-    for (i, (p, s)) in plan.stages().iter().zip(stages).enumerate() {
-        if p.layers != s.layers() || (i == 0) != s.is_head() {
-            bail!(
-                "stage {i} holds layers {:?}, the plan assigns {:?}",
-                s.layers(),
-                p.layers
-            );
-        }
-        if s.fingerprint() != stages[0].fingerprint() {
-            bail!("stage {i} was loaded from another model (fingerprint differs from the head's)");
-        }
-    }
-    Ok(())
-}
+pub use daisy_engine::{Hop, LocalRing as Ring, check_stages, sha256_f32};

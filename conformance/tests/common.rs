@@ -1,7 +1,9 @@
 //! Shared helpers of the conformance tests: running a split and reading goldens.
 
 use daisy_conformance::{Hop, Model, Ring, check_stages};
-use daisy_model::{GenerateOptions, Path, Precision, Sampling, Scored, Stage, generate, score};
+use daisy_model::{
+    ForwardPath, GenerateOptions, Precision, Sampling, Scored, Stage, generate, score,
+};
 use daisy_wire::Plan;
 
 /// Margin below which a greedy step is a near-tie (DESIGN.md §6).
@@ -15,7 +17,7 @@ pub(crate) struct Run {
     pub(crate) first_logits: Vec<f32>,
 }
 
-pub(crate) fn options(new_tokens: usize, path: Path, sampling: Sampling) -> GenerateOptions {
+pub(crate) fn options(new_tokens: usize, path: ForwardPath, sampling: Sampling) -> GenerateOptions {
     GenerateOptions {
         max_new_tokens: new_tokens,
         eos_token_ids: Vec::new(),
@@ -64,7 +66,7 @@ pub(crate) fn score_split(
     let (plan, stages) = model.split(counts, precision)?;
     check_stages(&plan, &stages)?;
     let mut ring = Ring::new(&plan, &stages, 1);
-    score(&stages[0], ids, &mut |p| ring.lap(p))
+    score(&stages[0], ids, &mut |p| Ok(ring.lap(p)?))
 }
 
 /// Compare a split's run with a reference run of finer (or equal) granularity: identical ids, and at

@@ -6,7 +6,7 @@
 //! within 1e-3. The mutation case (a stage missing a layer) must fail the same comparison.
 
 use daisy_conformance::{Model, TINY, golden, smollm2_dir};
-use daisy_model::{Path, Precision, Sampling, Stage};
+use daisy_model::{ForwardPath, Precision, Sampling, Stage};
 use daisy_wire::Plan;
 
 use crate::common::{NEAR_TIE, floats, ids, options, run_stages};
@@ -24,7 +24,7 @@ fn compare(name: &str, plan: &Plan, stages: &[Stage]) -> Vec<String> {
             plan,
             stages,
             &prompt,
-            &options(new_tokens, Path::FullWindow, Sampling::default()),
+            &options(new_tokens, ForwardPath::FullWindow, Sampling::default()),
         ) {
             Ok(r) => r,
             Err(e) => {

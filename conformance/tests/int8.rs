@@ -11,7 +11,7 @@
 //! - The seeded sampler at temperature 0.8: the same ids across splits and paths; another seed differs.
 
 use daisy_conformance::{Model, TINY};
-use daisy_model::{Path, Precision, Sampling};
+use daisy_model::{ForwardPath, Precision, Sampling};
 
 use crate::common::{NEAR_TIE, floats, ids, options, per_layer, run_split, same_run, score_split};
 use crate::splits::{SMOLLM2_SPLITS, check_splits, smollm2, smollm2_prompt};
@@ -90,7 +90,7 @@ fn layer_hashes(model: &Model, ids: &[u32], precision: Precision) -> Vec<String>
         .map(|l| {
             let stage = model.stage(l..l + 1, false, precision).expect("stage");
             stage.forward(&mut x, ids.len(), 0, None).expect("forward");
-            node::lap::sha256_f32(&x)
+            daisy_conformance::sha256_f32(&x)
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect()
@@ -151,7 +151,7 @@ fn smollm2_int8_split_invariant_both_paths() {
         prompt.len()
     );
     let mut faults = Vec::new();
-    for path in [Path::FullWindow, Path::Cached] {
+    for path in [ForwardPath::FullWindow, ForwardPath::Cached] {
         for f in check_splits(&model, &splits, Precision::Int8, &prompt, path, 6) {
             faults.push(format!("{}: {f}", path.name()));
         }
@@ -174,7 +174,7 @@ fn seeded_sampling_is_split_and_path_invariant() {
          who had never once let a clock of his run slow. Every morning",
     );
     assert!(long.len() > 32);
-    for path in [Path::FullWindow, Path::Cached] {
+    for path in [ForwardPath::FullWindow, ForwardPath::Cached] {
         let opts = options(new_tokens, path, sampling);
         let reference =
             run_split(&model, &per_layer(30), Precision::Int8, &long, &opts).expect("reference");
@@ -230,7 +230,7 @@ fn seeded_sampling_is_split_and_path_invariant() {
     // paths — DESIGN.md §3 "Paths" — so their distributions differ slightly by design.)
     let short = smollm2_prompt("The old clockmaker opened his shop and");
     assert!(short.len() <= 16);
-    let first = |counts: &[usize], path: Path| {
+    let first = |counts: &[usize], path: ForwardPath| {
         run_split(
             &model,
             counts,
@@ -241,9 +241,9 @@ fn seeded_sampling_is_split_and_path_invariant() {
         .expect("run")
         .ids
     };
-    let reference = first(&[30], Path::FullWindow);
+    let reference = first(&[30], ForwardPath::FullWindow);
     for counts in [&[30][..], &[10, 10, 10], &[0, 15, 15]] {
-        if first(counts, Path::Cached) != reference {
+        if first(counts, ForwardPath::Cached) != reference {
             faults.push(format!(
                 "{counts:?}: the cached path's first sampled id differs from the full window's"
             ));
@@ -256,7 +256,7 @@ fn seeded_sampling_is_split_and_path_invariant() {
         &per_layer(30),
         Precision::Int8,
         &short,
-        &options(2, Path::FullWindow, sampling),
+        &options(2, ForwardPath::FullWindow, sampling),
     )
     .expect("run");
     let mut flipped = run_split(
@@ -264,7 +264,7 @@ fn seeded_sampling_is_split_and_path_invariant() {
         &[10, 10, 10],
         Precision::Int8,
         &short,
-        &options(2, Path::FullWindow, sampling),
+        &options(2, ForwardPath::FullWindow, sampling),
     )
     .expect("run");
     if let Err(e) = same_run(&base, &flipped) {

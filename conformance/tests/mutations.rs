@@ -4,7 +4,7 @@
 //! the unsplit run fails (or, for another model, the hop is refused on decode).
 
 use daisy_conformance::{Model, check_stages};
-use daisy_model::{Path, Precision, Sampling};
+use daisy_model::{ForwardPath, Precision, Sampling};
 use daisy_wire::Plan;
 
 use crate::common::{options, run_split, run_stages, same_run};
@@ -20,7 +20,7 @@ fn a_stage_that_drops_a_layer_fails() {
     for name in ["llama", "gpt2"] {
         let model = Model::tiny(name).expect("tiny model");
         let n = model.config.num_layers;
-        let opts = options(4, Path::FullWindow, Sampling::default());
+        let opts = options(4, ForwardPath::FullWindow, Sampling::default());
         let reference = run_split(&model, &[1, n - 1], Precision::F32, &prompt(&model), &opts)
             .expect("reference");
         let plan = Plan::from_counts(&[1, n - 1], n).expect("plan");
@@ -46,7 +46,7 @@ fn stages_out_of_order_fail() {
     for name in ["qwen2", "mistral"] {
         let model = Model::tiny(name).expect("tiny model");
         let n = model.config.num_layers;
-        let opts = options(4, Path::FullWindow, Sampling::default());
+        let opts = options(4, ForwardPath::FullWindow, Sampling::default());
         let counts = [1, 1, n - 2];
         let reference =
             run_split(&model, &counts, Precision::F32, &prompt(&model), &opts).expect("reference");
@@ -87,7 +87,7 @@ fn a_stage_from_another_model_is_refused_by_fingerprint() {
         &plan,
         &stages,
         &prompt(&model),
-        &options(2, Path::FullWindow, Sampling::default()),
+        &options(2, ForwardPath::FullWindow, Sampling::default()),
     )
     .expect_err("a stage of another model must be refused");
     assert!(

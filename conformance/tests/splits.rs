@@ -6,7 +6,7 @@
 //! Its own mutation cases are in `mutations.rs`.
 
 use daisy_conformance::{Model, TINY, smollm2_dir};
-use daisy_model::{Path, Precision, Sampling};
+use daisy_model::{ForwardPath, Precision, Sampling};
 
 use crate::common::{Run, options, per_layer, run_split, same_run};
 
@@ -40,7 +40,7 @@ pub(crate) fn check_splits(
     splits: &[Vec<usize>],
     precision: Precision,
     prompt: &[u32],
-    path: Path,
+    path: ForwardPath,
     new_tokens: usize,
 ) -> Vec<String> {
     let opts = options(new_tokens, path, Sampling::default());
@@ -103,7 +103,7 @@ fn tiny_models_split_invariant_f32() {
             &splits,
             Precision::F32,
             &prompt,
-            Path::FullWindow,
+            ForwardPath::FullWindow,
             6,
         ) {
             faults.push(format!("{name}: {f}"));
@@ -122,7 +122,7 @@ fn smollm2_split_invariant_f32() {
         &splits,
         Precision::F32,
         &prompt,
-        Path::FullWindow,
+        ForwardPath::FullWindow,
         4,
     );
     assert!(faults.is_empty(), "{}", faults.join("\n"));

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::expected::{Found, canonical_name, expected_tensors, layer_prefix};
 use crate::gguf::{self, GgmlType, GgufFile};
-use crate::source::{LocalDir, Repo, RepoId, find_in_cache, hf_cache_dir};
+use crate::source::{LocalDir, Repo, find_in_cache, hf_cache_dir, parse_model_ref};
 use crate::{
     ByteSource, DType, Error, FileSource, ModelConfig, check_finite, gguf_model, gguf_tokenizer,
     safetensors, widen,
@@ -96,56 +96,96 @@ fn read_all(src: &dyn ByteSource) -> Result<Vec<u8>, Error> {
 
 impl Checkpoint {
     /// Open `model`: an existing local path wins (a Hugging Face-layout folder or a `.gguf` file);
-    /// otherwise a repo id `org/name[@revision]` looked up in the Hugging Face cache.
+    /// otherwise a repo id `org/name[@revision]` looked up in the Hugging Face cache, then (with the
+    /// `hub` feature) fetched from `$HF_ENDPOINT`.
     pub fn open(model: &str) -> Result<Checkpoint, Error> {
-        Checkpoint::open_with(model, None)
+        #[cfg(feature = "hub")]
+        return Checkpoint::open_with(model, None);
+        #[cfg(not(feature = "hub"))]
+        return Checkpoint::open_local(model);
     }
 
-    /// [`Checkpoint::open`], fetching a repo that is neither local nor cached through `hub` (a client
-    /// for `$HF_ENDPOINT` is made when `None`).
-    pub fn open_with(
-        model: &str,
-        hub: Option<Arc<crate::hub::HubClient>>,
-    ) -> Result<Checkpoint, Error> {
+    /// Open `model` from a local path or the Hugging Face cache only; `Ok(Err(repo))` hands back the
+    /// parsed repo reference when it is in neither.
+    fn open_offline(model: &str) -> Result<Result<Checkpoint, daisy_wire::ModelRef>, Error> {
         let path = Path::new(model);
         if path.is_file() {
             let src: Arc<dyn ByteSource> = Arc::new(FileSource::open(path)?);
-            return Checkpoint::from_gguf(src, "", "");
+            return Checkpoint::from_gguf(src, "", "").map(Ok);
         }
         if path.is_dir() {
-            return Checkpoint::from_repo(Box::new(LocalDir::new(path)), "", "");
+            return Checkpoint::from_repo(Box::new(LocalDir::new(path)), "", "").map(Ok);
         }
-        let repo = RepoId::parse(model)?;
+        let repo = parse_model_ref(model)?;
         let Some(cache) = hf_cache_dir() else {
-            return Err(Error::NotFound(format!(
-                "model `{model}` is not a local path and no Hugging Face cache folder is known \
-                 (set HF_HUB_CACHE or HF_HOME)"
-            )));
+            return Ok(Err(repo));
         };
         match find_in_cache(&cache, &repo) {
             Ok(snapshot) => Checkpoint::from_repo(
                 Box::new(LocalDir::new(&snapshot.dir)),
-                &repo.id,
+                repo.repo.as_str(),
                 &snapshot.commit,
-            ),
-            Err(Error::NotFound(_)) => {
-                let hub = match hub {
-                    Some(hub) => hub,
-                    None => Arc::new(crate::hub::HubClient::from_env()?),
-                };
-                Checkpoint::from_hub(hub, model)
-            }
+            )
+            .map(Ok),
+            Err(Error::NotFound(_)) => Ok(Err(repo)),
             Err(e) => Err(e),
         }
     }
 
+    /// [`Checkpoint::open`] without the Hub: a local path or the Hugging Face cache.
+    pub fn open_local(model: &str) -> Result<Checkpoint, Error> {
+        match Checkpoint::open_offline(model)? {
+            Ok(checkpoint) => Ok(checkpoint),
+            Err(_) => Err(Error::NotFound(format!(
+                "no local path `{model}` exists, and it is not in the Hugging Face cache{}; this \
+                 build fetches nothing from the Hub",
+                hf_cache_dir().map_or(String::new(), |c| format!(" at {}", c.display()))
+            ))),
+        }
+    }
+
+    /// [`Checkpoint::open`], fetching a repo that is neither local nor cached through `hub` (a client
+    /// for `$HF_ENDPOINT` is made when `None`).
+    #[cfg(feature = "hub")]
+    pub fn open_with(
+        model: &str,
+        hub: Option<Arc<crate::hub::HubClient>>,
+    ) -> Result<Checkpoint, Error> {
+        let repo = match Checkpoint::open_offline(model)? {
+            Ok(checkpoint) => return Ok(checkpoint),
+            Err(repo) => repo,
+        };
+        let hub = match hub {
+            Some(hub) => hub,
+            None => Arc::new(crate::hub::HubClient::from_env()?),
+        };
+        let endpoint = hub.endpoint().to_string();
+        Checkpoint::from_hub_ref(hub, repo).map_err(|e| match e {
+            // A mistyped local path looks like a repo id: say both what was looked for and where.
+            Error::Http { .. } => Error::NotFound(format!(
+                "no local path `{model}` exists, it is not in the Hugging Face cache, and fetching \
+                 it as a repo id from {endpoint} failed: {e}"
+            )),
+            e => e,
+        })
+    }
+
     /// Open the repo id `org/name[@revision]` on the Hub (or a mirror) through `client`, fetching
     /// only the small files and each safetensors header; tensor bytes are fetched when read.
+    #[cfg(feature = "hub")]
     pub fn from_hub(client: Arc<crate::hub::HubClient>, model: &str) -> Result<Checkpoint, Error> {
-        let repo = RepoId::parse(model)?;
-        let hub = crate::hub::HubRepo::new(client, repo.clone());
+        Checkpoint::from_hub_ref(client, parse_model_ref(model)?)
+    }
+
+    #[cfg(feature = "hub")]
+    fn from_hub_ref(
+        client: Arc<crate::hub::HubClient>,
+        model: daisy_wire::ModelRef,
+    ) -> Result<Checkpoint, Error> {
+        let repo_id = model.repo.to_string();
+        let hub = crate::hub::HubRepo::new(client, model);
         let commit = hub.resolve()?;
-        Checkpoint::from_repo(Box::new(hub), &repo.id, &commit)
+        Checkpoint::from_repo(Box::new(hub), &repo_id, &commit)
     }
 
     /// Open a Hugging Face-layout repository: `config.json` and `model.safetensors` or

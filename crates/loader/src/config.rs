@@ -16,7 +16,7 @@ pub enum Arch {
 
 /// The MLP activation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
+pub enum HiddenAct {
     Silu,
     /// The tanh approximation of GELU (`gelu_new`, identical to `gelu_pytorch_tanh`).
     GeluNew,
@@ -42,7 +42,7 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// Q, K and V projections carry biases (qwen2; GPT-2 has biases everywhere).
     pub qkv_bias: bool,
-    pub hidden_act: Activation,
+    pub hidden_act: HiddenAct,
     /// Per layer: the sliding window size, or `None` for full attention.
     pub sliding_window: Vec<Option<usize>>,
     pub bos_token_id: Option<u32>,
@@ -136,6 +136,14 @@ impl ModelConfig {
             return Err(err(format!("sliding window {w} must be positive")));
         }
         Ok(())
+    }
+
+    /// Parameters of the whole model, a tied matrix counted once.
+    pub fn num_params(&self) -> usize {
+        crate::expected::expected_tensors(self)
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
     }
 
     /// Parameters of one decoder layer.
@@ -351,7 +359,7 @@ fn llama_family(f: &Fields<'_>, model_type: &str) -> Result<ModelConfig, Error> 
         norm_eps: f.f32("rms_norm_eps")?.unwrap_or(1e-6),
         tie_word_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         qkv_bias: model_type == "qwen2",
-        hidden_act: Activation::Silu,
+        hidden_act: HiddenAct::Silu,
         sliding_window,
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
@@ -423,7 +431,7 @@ fn gpt2(f: &Fields<'_>) -> Result<ModelConfig, Error> {
         norm_eps: f.f32("layer_norm_epsilon")?.unwrap_or(1e-5),
         tie_word_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(true),
         qkv_bias: true,
-        hidden_act: Activation::GeluNew,
+        hidden_act: HiddenAct::GeluNew,
         sliding_window: vec![None; layers],
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,

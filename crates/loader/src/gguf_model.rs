@@ -2,7 +2,7 @@
 //! llama.cpp tensor names (`token_embd`, `blk.{i}.attn_q`, …) to the Hugging Face Llama names.
 
 use crate::gguf::{GgufFile, Value};
-use crate::{Activation, Arch, Error, ModelConfig};
+use crate::{Arch, Error, HiddenAct, ModelConfig};
 
 /// Read the config from GGUF metadata. Architectures `llama` and `qwen2` are accepted.
 pub(crate) fn config_from_gguf(file: &str, g: &GgufFile) -> Result<ModelConfig, Error> {
@@ -98,7 +98,7 @@ pub(crate) fn config_from_gguf(file: &str, g: &GgufFile) -> Result<ModelConfig, 
             })?,
         tie_word_embeddings: !has("output.weight"),
         qkv_bias: has("blk.0.attn_q.bias"),
-        hidden_act: Activation::Silu,
+        hidden_act: HiddenAct::Silu,
         sliding_window: vec![None; layers],
         bos_token_id: token_id("tokenizer.ggml.bos_token_id"),
         eos_token_ids: token_id("tokenizer.ggml.eos_token_id")

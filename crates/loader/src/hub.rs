@@ -8,10 +8,11 @@
 //! host a large file is redirected to.
 //!
 //! The token is asked for when a request fails for want of it, not before: `HF_TOKEN` when the user set
-//! it, else a prompt without echo when stdin is a terminal, else an error saying a token is needed. It
-//! lives in this process's memory only ([`Token`] redacts itself and is zeroed on drop).
+//! it, else the client's [`TokenProvider`] (the binary's: a hidden prompt on a terminal, a page's
+//! password field), else an error saying a token is needed. The loader never touches a terminal. The
+//! token lives in this process's memory only ([`Token`] redacts itself and is zeroed on drop).
 
-use std::io::{IsTerminal, Read};
+use std::io::Read;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -22,7 +23,9 @@ use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, HeaderMap, LOCATION, RANGE};
 use zeroize::Zeroizing;
 
 use crate::Error;
-use crate::source::{ByteSource, MemSource, Repo, RepoId};
+use daisy_wire::{ModelRef, RepoId};
+
+use crate::source::{ByteSource, MemSource, Repo, revision_of};
 
 /// The public Hub, used when `HF_ENDPOINT` is not set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -47,6 +50,13 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// Asked for a token when a request fails for want of one and `HF_TOKEN` is not set. The binary
+/// decides how to ask; the loader only says for which repository and why.
+pub trait TokenProvider: Send + Sync {
+    /// A token for `repo`, `Ok(None)` when the user gave none; `why` says what the Hub answered.
+    fn token(&self, repo: &str, why: &str) -> Result<Option<Token>, String>;
+}
+
 /// Bytes fetched so far by one client, for progress bars and the ring's progress events.
 pub type ProgressFn = dyn Fn(u64) + Send + Sync;
 
@@ -55,6 +65,7 @@ pub struct HubClient {
     endpoint: Url,
     http: Client,
     token: Mutex<Option<Token>>,
+    provider: Option<Arc<dyn TokenProvider>>,
     client_id: Option<String>,
     fetched: std::sync::atomic::AtomicU64,
     progress: Mutex<Option<Arc<ProgressFn>>>,
@@ -111,6 +122,7 @@ impl HubClient {
             endpoint,
             http,
             token: Mutex::new(None),
+            provider: None,
             client_id: None,
             fetched: std::sync::atomic::AtomicU64::new(0),
             progress: Mutex::new(None),
@@ -120,6 +132,12 @@ impl HubClient {
     /// Name this device to the server (`X-Daisy-Client`), so a mirror can count bytes per device.
     pub fn with_client_id(mut self, id: &str) -> HubClient {
         self.client_id = Some(id.to_string());
+        self
+    }
+
+    /// Ask `provider` for a token when a request needs one and `HF_TOKEN` is not set.
+    pub fn with_token_provider(mut self, provider: Arc<dyn TokenProvider>) -> HubClient {
+        self.provider = Some(provider);
         self
     }
 
@@ -158,7 +176,7 @@ impl HubClient {
             && url.port_or_known_default() == self.endpoint.port_or_known_default()
     }
 
-    /// The token, asking for it now: `HF_TOKEN`, else a prompt when stdin is a terminal.
+    /// The token, asking for it now: `HF_TOKEN`, else the token provider.
     fn obtain_token(&self, repo: &str, why: &str) -> Result<(), Error> {
         let mut slot = self.token.lock().expect("token lock");
         if slot.is_some() {
@@ -171,14 +189,13 @@ impl HubClient {
             *slot = Some(Token::new(t.trim().to_string()));
             return Ok(());
         }
-        if std::io::stdin().is_terminal() {
-            let prompt = format!("{why}\nHugging Face token for {repo} (input hidden): ");
-            let t = rpassword::prompt_password(prompt).map_err(|e| Error::TokenNeeded {
+        if let Some(provider) = &self.provider {
+            let given = provider.token(repo, why).map_err(|e| Error::TokenNeeded {
                 repo: repo.to_string(),
                 reason: format!("{why}; could not read a token: {e}"),
             })?;
-            if !t.trim().is_empty() {
-                *slot = Some(Token::new(t.trim().to_string()));
+            if let Some(t) = given.filter(|t| !t.0.trim().is_empty()) {
+                *slot = Some(Token::new(t.0.trim().to_string()));
                 return Ok(());
             }
         }
@@ -259,16 +276,18 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 pub struct HubRepo {
     client: Arc<HubClient>,
     repo: RepoId,
+    revision: String,
     commit: Arc<OnceLock<String>>,
     /// Whole small files already fetched (config, tokenizer, shard index), by name.
     small: Arc<Mutex<std::collections::HashMap<String, Vec<u8>>>>,
 }
 
 impl HubRepo {
-    pub fn new(client: Arc<HubClient>, repo: RepoId) -> HubRepo {
+    pub fn new(client: Arc<HubClient>, model: ModelRef) -> HubRepo {
         HubRepo {
             client,
-            repo,
+            revision: revision_of(&model).to_string(),
+            repo: model.repo,
             commit: Arc::new(OnceLock::new()),
             small: Arc::default(),
         }
@@ -289,13 +308,13 @@ impl HubRepo {
             .remove(b'_')
             .remove(b'.')
             .remove(b'~');
-        let revision = self.commit.get().unwrap_or(&self.repo.revision);
+        let revision = self.commit.get().unwrap_or(&self.revision);
         let rev = percent_encoding::utf8_percent_encode(revision, SEGMENT).to_string();
         let file: Vec<String> = file
             .split('/')
             .map(|s| percent_encoding::utf8_percent_encode(s, SEGMENT).to_string())
             .collect();
-        let path = format!("{}/resolve/{rev}/{}", self.repo.id, file.join("/"));
+        let path = format!("{}/resolve/{rev}/{}", self.repo, file.join("/"));
         self.client
             .endpoint
             .join(&path)
@@ -310,7 +329,7 @@ impl HubRepo {
         let pinned = self.commit.get_or_init(|| commit.to_string());
         if pinned != commit {
             return Err(Error::CommitChanged {
-                repo: self.repo.id.clone(),
+                repo: self.repo.to_string(),
                 pinned: pinned.clone(),
                 now: commit.to_string(),
                 url: redact(url),
@@ -345,7 +364,7 @@ impl HubRepo {
                         message.clone()
                     };
                     return Err(Error::TokenRefused {
-                        repo: self.repo.id.clone(),
+                        repo: self.repo.to_string(),
                         status: status.as_u16(),
                         detail,
                     });
@@ -353,18 +372,18 @@ impl HubRepo {
                 let why = match code.as_str() {
                     "RepoNotFound" => format!(
                         "the Hub answered {status} RepoNotFound for {}: the repository does not exist, or it is private and a token is needed",
-                        self.repo.id
+                        self.repo
                     ),
                     "GatedRepo" => format!(
                         "{} is a gated repository: a Hugging Face token is needed ({message})",
-                        self.repo.id
+                        self.repo
                     ),
                     _ => format!(
                         "the Hub answered {status} for {}: a Hugging Face token is needed",
-                        self.repo.id
+                        self.repo
                     ),
                 };
-                self.client.obtain_token(&self.repo.id, &why)?;
+                self.client.obtain_token(self.repo.as_str(), &why)?;
                 asked = true;
                 continue;
             }
@@ -372,13 +391,13 @@ impl HubRepo {
                 if code == "RevisionNotFound" {
                     return Err(Error::NotFound(format!(
                         "{}: revision `{}` does not exist",
-                        self.repo.id, self.repo.revision
+                        self.repo, self.revision
                     )));
                 }
                 if code == "RepoNotFound" {
                     return Err(Error::NotFound(format!(
                         "repository {} does not exist on {}",
-                        self.repo.id, self.client.endpoint
+                        self.repo, self.client.endpoint
                     )));
                 }
                 return Ok(None);
@@ -448,8 +467,8 @@ impl Repo for HubRepo {
         format!(
             "{}{}@{}",
             self.client.endpoint,
-            self.repo.id,
-            self.commit().unwrap_or(&self.repo.revision)
+            self.repo,
+            self.commit().unwrap_or(&self.revision)
         )
     }
 }
@@ -495,6 +514,7 @@ impl HubRepo {
         Arc::new(HubRepo {
             client: self.client.clone(),
             repo: self.repo.clone(),
+            revision: self.revision.clone(),
             commit: self.commit.clone(),
             small: self.small.clone(),
         })
@@ -508,7 +528,7 @@ impl HubRepo {
                 self.describe()
             )));
         }
-        Ok(self.commit().unwrap_or(&self.repo.revision).to_string())
+        Ok(self.commit().unwrap_or(&self.revision).to_string())
     }
 }
 
@@ -867,7 +887,7 @@ mod tests {
     #[test]
     fn revision_and_file_are_percent_encoded() {
         let client = Arc::new(HubClient::new("http://127.0.0.1:9/").unwrap());
-        let repo = HubRepo::new(client, RepoId::parse("org/name@refs/pr/1").unwrap());
+        let repo = HubRepo::new(client, ModelRef::parse("org/name@refs/pr/1").unwrap());
         let url = repo.url("sub dir/model.safetensors").unwrap();
         assert_eq!(
             url.as_str(),

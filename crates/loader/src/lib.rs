@@ -12,18 +12,20 @@ mod expected;
 pub mod gguf;
 mod gguf_model;
 mod gguf_tokenizer;
+#[cfg(feature = "hub")]
 pub mod hub;
 pub mod safetensors;
 mod source;
 
 pub use checkpoint::{Checkpoint, Format, TensorInfo};
-pub use config::{Activation, Arch, ModelConfig};
+pub use config::{Arch, HiddenAct, ModelConfig};
+pub use daisy_wire::{ModelRef, RepoId, Revision};
 pub use dtype::{DType, bf16_from_f32, check_finite, widen, widen_bf16, widen_f16};
 pub use error::Error;
 pub use expected::{expected_tensors, layer_prefix, layer_tensors};
 pub use gguf::GgmlType;
 pub use gguf_tokenizer::QWEN2_SPLIT_REGEX;
 pub use source::{
-    ByteSource, CachedSnapshot, FileSource, LocalDir, MemSource, Repo, RepoId, find_in_cache,
-    hf_cache_dir,
+    ByteSource, CachedSnapshot, DEFAULT_REVISION, FileSource, LocalDir, MemSource, Repo,
+    cache_folder, find_in_cache, hf_cache_dir, parse_model_ref, revision_of,
 };

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use daisy_wire::{ModelRef, RepoId};
+
 use crate::Error;
 
 /// One file's bytes, read by absolute offset. Implementations must be usable from several threads.
@@ -169,48 +171,31 @@ impl Repo for LocalDir {
     }
 }
 
-/// A repo id `org/name` with an optional `@revision` (default `main`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RepoId {
-    pub id: String,
-    pub revision: String,
+/// The revision a model reference without `@revision` stands for.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// Parse `org/name[@revision]` by the wire's grammar (the one contract for repo ids, shared with
+/// every peer); anything else is refused, quoting the text.
+pub fn parse_model_ref(text: &str) -> Result<ModelRef, Error> {
+    ModelRef::parse(text).map_err(|e| {
+        Error::NotFound(format!(
+            "`{text}` is neither an existing local path nor a repo id of the form \
+             org/name[@revision] ({e})"
+        ))
+    })
 }
 
-impl RepoId {
-    /// Parse `org/name[@revision]`; anything else is refused, quoting the text.
-    pub fn parse(text: &str) -> Result<RepoId, Error> {
-        let (id, revision) = match text.split_once('@') {
-            Some((id, rev)) => (id, rev),
-            None => (text, "main"),
-        };
-        let bad = || {
-            Error::NotFound(format!(
-                "`{text}` is neither an existing local path nor a repo id of the form org/name[@revision]"
-            ))
-        };
-        let Some((org, name)) = id.split_once('/') else {
-            return Err(bad());
-        };
-        let ok_part = |p: &str| {
-            !p.is_empty()
-                && p != "."
-                && p != ".."
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        };
-        let ok_rev = !revision.is_empty()
-            && !revision.contains("..")
-            && revision
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c));
-        if !ok_part(org) || !ok_part(name) || !ok_rev {
-            return Err(bad());
-        }
-        Ok(RepoId {
-            id: id.to_string(),
-            revision: revision.to_string(),
-        })
-    }
+/// The revision `model` asks for, `main` when it names none.
+pub fn revision_of(model: &ModelRef) -> &str {
+    model
+        .revision
+        .as_ref()
+        .map_or(DEFAULT_REVISION, |r| r.as_str())
+}
+
+/// The folder of `repo` in a Hugging Face cache at `cache`: `models--org--name`.
+pub fn cache_folder(cache: &Path, repo: &RepoId) -> PathBuf {
+    cache.join(format!("models--{}--{}", repo.org(), repo.name()))
 }
 
 /// The Hugging Face hub cache folder: `HF_HUB_CACHE`, else `$HF_HOME/hub`, else
@@ -239,23 +224,23 @@ pub struct CachedSnapshot {
 
 /// Look `repo` up in the cache at `cache`: `models--org--name/refs/<rev>` names the commit, whose
 /// files are in `snapshots/<commit>/`. A revision that is itself a snapshot folder is taken as is.
-pub fn find_in_cache(cache: &Path, repo: &RepoId) -> Result<CachedSnapshot, Error> {
-    let folder = cache.join(format!("models--{}", repo.id.replace('/', "--")));
-    let refs = folder.join("refs").join(&repo.revision);
+pub fn find_in_cache(cache: &Path, model: &ModelRef) -> Result<CachedSnapshot, Error> {
+    let folder = cache_folder(cache, &model.repo);
+    let revision = revision_of(model);
+    let refs = folder.join("refs").join(revision);
     let commit = if refs.is_file() {
         let text = std::fs::read_to_string(&refs).map_err(|source| Error::Io {
             path: refs.display().to_string(),
             source,
         })?;
         text.trim().to_string()
-    } else if folder.join("snapshots").join(&repo.revision).is_dir() {
-        repo.revision.clone()
+    } else if folder.join("snapshots").join(revision).is_dir() {
+        revision.to_string()
     } else {
         return Err(Error::NotFound(format!(
-            "model `{}` revision `{}` is not a local path and not in the Hugging Face cache at {} \
-             (looked for {})",
-            repo.id,
-            repo.revision,
+            "model `{}` revision `{revision}` is not a local path and not in the Hugging Face \
+             cache at {} (looked for {})",
+            model.repo,
             cache.display(),
             refs.display()
         )));
@@ -270,7 +255,7 @@ pub fn find_in_cache(cache: &Path, repo: &RepoId) -> Result<CachedSnapshot, Erro
     if !dir.is_dir() {
         return Err(Error::NotFound(format!(
             "model `{}`: snapshot folder {} for commit {commit} is missing",
-            repo.id,
+            model.repo,
             dir.display()
         )));
     }

@@ -7,11 +7,11 @@
 //! row and one per weight row), so fusing changes no bit.
 
 use crate::attention::{Heads, LayerCache, attention};
-use crate::config::{Activation, Config, Family};
 use crate::gemm::{Ctx, Linear, Precision};
-use crate::ops::{first_non_finite, gelu_erf, gelu_new, layer_norm, rms_norm, silu};
+use crate::ops::{first_non_finite, gelu_new, layer_norm, rms_norm, silu};
 use crate::source::{Source, read_shaped};
 use crate::{Error, Result};
+use daisy_loader::{Arch, HiddenAct, ModelConfig};
 
 pub(crate) enum Block {
     Llama(LlamaBlock),
@@ -52,13 +52,13 @@ fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 impl Block {
     pub(crate) fn load(
         src: &dyn Source,
-        cfg: &Config,
+        cfg: &ModelConfig,
         i: usize,
         precision: Precision,
     ) -> Result<Self> {
-        match cfg.family {
-            Family::Llama => LlamaBlock::load(src, cfg, i, precision).map(Block::Llama),
-            Family::Gpt2 => Gpt2Block::load(src, cfg, i, precision).map(Block::Gpt2),
+        match cfg.arch {
+            Arch::Llama => LlamaBlock::load(src, cfg, i, precision).map(Block::Llama),
+            Arch::Gpt2 => Gpt2Block::load(src, cfg, i, precision).map(Block::Gpt2),
         }
     }
 
@@ -85,7 +85,7 @@ impl Block {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
-        cfg: &Config,
+        cfg: &ModelConfig,
         cx: Ctx<'_>,
         inv_freq: &[f32],
         x: &mut [f32],
@@ -113,15 +113,14 @@ impl Block {
     }
 }
 
-fn act_fn(a: Activation) -> fn(f32) -> f32 {
+fn act_fn(a: HiddenAct) -> fn(f32) -> f32 {
     match a {
-        Activation::GeluNew => gelu_new,
-        Activation::Gelu => gelu_erf,
-        Activation::Silu => silu,
+        HiddenAct::GeluNew => gelu_new,
+        HiddenAct::Silu => silu,
     }
 }
 
-fn heads(cfg: &Config, i: usize) -> Heads {
+fn heads(cfg: &ModelConfig, i: usize) -> Heads {
     Heads {
         num_heads: cfg.num_heads,
         num_kv_heads: cfg.num_kv_heads,
@@ -131,7 +130,7 @@ fn heads(cfg: &Config, i: usize) -> Heads {
 }
 
 impl LlamaBlock {
-    fn load(src: &dyn Source, cfg: &Config, i: usize, precision: Precision) -> Result<Self> {
+    fn load(src: &dyn Source, cfg: &ModelConfig, i: usize, precision: Precision) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let h = cfg.hidden_size;
         let qd = cfg.num_heads * cfg.head_dim;
@@ -192,7 +191,7 @@ impl LlamaBlock {
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
-        cfg: &Config,
+        cfg: &ModelConfig,
         cx: Ctx<'_>,
         inv_freq: &[f32],
         x: &mut [f32],
@@ -232,11 +231,11 @@ impl LlamaBlock {
             .gate_up
             .forward(cx, &hs, t, &|| format!("layer {i} gate/up projection"))?;
         let inter = cfg.intermediate_size;
-        let f = act_fn(cfg.activation);
+        let f = act_fn(cfg.hidden_act);
         let mut act = Vec::with_capacity(t * inter);
         for row in gu.chunks_exact(2 * inter) {
             let (g, u) = row.split_at(inter);
-            if cfg.activation == Activation::Silu {
+            if cfg.hidden_act == HiddenAct::Silu {
                 crate::ops::silu_mul(g, u, &mut act);
             } else {
                 act.extend(g.iter().zip(u).map(|(g, u)| f(*g) * u));
@@ -253,7 +252,7 @@ impl LlamaBlock {
 }
 
 impl Gpt2Block {
-    fn load(src: &dyn Source, cfg: &Config, i: usize, precision: Precision) -> Result<Self> {
+    fn load(src: &dyn Source, cfg: &ModelConfig, i: usize, precision: Precision) -> Result<Self> {
         let p = format!("h.{i}");
         let h = cfg.hidden_size;
         let inter = cfg.intermediate_size;
@@ -281,7 +280,7 @@ impl Gpt2Block {
 
     fn forward(
         &self,
-        cfg: &Config,
+        cfg: &ModelConfig,
         cx: Ctx<'_>,
         x: &mut [f32],
         t: usize,
@@ -313,7 +312,7 @@ impl Gpt2Block {
         let mut hs = x.to_vec();
         layer_norm(&mut hs, h, &self.ln2.0, &self.ln2.1, cfg.norm_eps);
         let mut f = self.fc.forward(cx, &hs, t, &|| format!("layer {i} c_fc"))?;
-        let act = act_fn(cfg.activation);
+        let act = act_fn(cfg.hidden_act);
         for v in f.iter_mut() {
             *v = act(*v);
         }

@@ -16,9 +16,6 @@ pub enum Error {
         got: Vec<usize>,
         expected: Vec<usize>,
     },
-    /// A configuration value the model cannot run with.
-    #[error("unsupported config: {0}")]
-    Config(String),
     /// An activation turned NaN or infinite; it is refused, never forwarded.
     #[error("non-finite activation {value} after {place}, expected finite values")]
     NonFinite { place: String, value: f32 },

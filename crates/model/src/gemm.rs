@@ -13,6 +13,7 @@ use crate::{Error, Result};
 
 /// The precision of every matrix product of a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Precision {
     /// Every GEMM through the verified INT8 unit (the product).
     #[default]

@@ -2,36 +2,26 @@
 //! seeded decoding, and scoring. The rest of the ring is a callback, so this module knows nothing
 //! about how a hidden state reaches the other stages.
 
+use std::ops::ControlFlow;
+
 use crate::block::StageCache;
 use crate::json::{JSON_TOP_K, JsonMask, top_k};
 use crate::sample::{Sampling, argmax, pick, prefill_chunks, top2_margin};
 use crate::stage::Stage;
 use crate::{Error, Result};
 
-/// Which forward path a turn takes.
+/// Which forward path a turn takes (DESIGN §3 Paths). Both are split-invariant; they are not equal
+/// to each other, because V's scales cover every key present in a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Path {
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum ForwardPath {
     /// Every token re-runs the whole window; no KV cache.
     FullWindow,
     /// Chunked prefill (by prompt length only), per-stage KV, then one token per pass.
     Cached,
 }
 
-impl Path {
-    /// `auto`, `full-window` or `cached`; `auto` is cached when the prompt is longer than 32 tokens
-    /// and there is more than one stage.
-    pub fn resolve(choice: &str, prompt_len: usize, num_stages: usize) -> Result<Self> {
-        match choice {
-            "full-window" => Ok(Self::FullWindow),
-            "cached" => Ok(Self::Cached),
-            "auto" if prompt_len > 32 && num_stages > 1 => Ok(Self::Cached),
-            "auto" => Ok(Self::FullWindow),
-            other => Err(Error::Invalid(format!(
-                "path `{other}`, expected auto, full-window or cached"
-            ))),
-        }
-    }
-
+impl ForwardPath {
     pub fn name(self) -> &'static str {
         match self {
             Self::FullWindow => "full-window",
@@ -59,12 +49,14 @@ pub struct GenerateOptions {
     pub eos_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub sampling: Sampling,
-    pub path: Path,
+    pub path: ForwardPath,
 }
 
 /// A finished turn.
 #[derive(Clone, Debug)]
 pub struct Generation {
+    /// The turn stopped because `on_token` asked it to, between two tokens.
+    pub cancelled: bool,
     /// Generated ids only (an end-of-sequence id that stopped the turn included).
     pub ids: Vec<u32>,
     /// Laps run.
@@ -82,19 +74,23 @@ pub fn generate<E: From<Error>>(
     opts: &GenerateOptions,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
 ) -> Result<Generation, E> {
-    generate_masked(head, prompt, opts, None, lap)
+    generate_streaming(head, prompt, opts, None, lap, &mut |_| {
+        ControlFlow::Continue(())
+    })
 }
 
-/// [`generate`] with the JSON mask: each token is chosen among the [`JSON_TOP_K`] most likely that
-/// keep the completion a prefix of one JSON value (greedy: the most likely of them; sampled: drawn
-/// from them alone), and the turn ends when the value is complete. The logits are masked after the
-/// lm_head, so no hidden state changes.
-pub fn generate_masked<E: From<Error>>(
+/// [`generate`], reporting each token to `on_token` as it is produced; `ControlFlow::Break` stops
+/// the turn there (between two tokens). With `mask`, the JSON mask: each token is chosen among the
+/// [`JSON_TOP_K`] most likely that keep the completion a prefix of one JSON value (greedy: the most
+/// likely of them; sampled: drawn from them alone), and the turn ends when the value is complete.
+/// The logits are masked after the lm_head, so no hidden state changes.
+pub fn generate_streaming<E: From<Error>>(
     head: &Stage,
     prompt: &[u32],
     opts: &GenerateOptions,
     mut mask: Option<&mut JsonMask>,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
+    on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation, E> {
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt has no tokens".to_string()).into());
@@ -102,6 +98,7 @@ pub fn generate_masked<E: From<Error>>(
     let h = head.config().hidden_size;
     let mut ids = prompt.to_vec();
     let mut out = Generation {
+        cancelled: false,
         ids: Vec::new(),
         laps: 0,
         margins: Vec::new(),
@@ -110,8 +107,8 @@ pub fn generate_masked<E: From<Error>>(
     let mut cache: Option<StageCache> = None;
     // (pos0, rows) of the next pass; on the full-window path pos0 is always 0.
     let mut pending: Vec<(usize, usize)> = match opts.path {
-        Path::FullWindow => vec![(0, ids.len())],
-        Path::Cached => {
+        ForwardPath::FullWindow => vec![(0, ids.len())],
+        ForwardPath::Cached => {
             cache = Some(head.new_cache());
             let mut pos = 0;
             prefill_chunks(ids.len())
@@ -182,6 +179,10 @@ pub fn generate_masked<E: From<Error>>(
         }
         ids.push(next);
         out.ids.push(next);
+        if on_token(next).is_break() {
+            out.cancelled = true;
+            break;
+        }
         if !opts.ignore_eos && opts.eos_token_ids.contains(&next) {
             break;
         }
@@ -189,8 +190,8 @@ pub fn generate_masked<E: From<Error>>(
             break;
         }
         pending.push(match opts.path {
-            Path::FullWindow => (0, ids.len()),
-            Path::Cached => (ids.len() - 1, 1),
+            ForwardPath::FullWindow => (0, ids.len()),
+            ForwardPath::Cached => (ids.len() - 1, 1),
         });
     }
     Ok(out)

@@ -10,7 +10,6 @@
 mod attention;
 mod block;
 mod checkpoint;
-mod config;
 mod error;
 mod exp;
 mod gemm;
@@ -22,13 +21,13 @@ mod source;
 mod stage;
 
 pub use block::StageCache;
-pub use config::{Activation, Config, Family};
 pub use error::{Error, Result};
 pub use gemm::Precision;
 pub use generate::{
-    GenerateOptions, Generation, Pass, Path, Scored, alone, generate, generate_masked, score,
+    ForwardPath, GenerateOptions, Generation, Pass, Scored, alone, generate, generate_streaming,
+    score,
 };
 pub use json::{JSON_TOP_K, JsonMask, JsonPrefix};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
-pub use source::{RawDType, RawTensor, Source};
+pub use source::{RawTensor, Source};
 pub use stage::Stage;

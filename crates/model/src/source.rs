@@ -1,17 +1,11 @@
 //! Where a stage's tensors come from: the checkpoint, or an in-memory table in tests.
 
+use daisy_loader::DType;
+
 use crate::{Error, Result};
 
-/// A tensor's element type as stored in the checkpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RawDType {
-    F32,
-    F16,
-    BF16,
-}
-
 /// A tensor as stored: shape, dtype and little-endian bytes.
-pub type RawTensor = (Vec<usize>, RawDType, Vec<u8>);
+pub type RawTensor = (Vec<usize>, DType, Vec<u8>);
 
 /// The tensors a stage reads. A stage asks only for the tensors it owns.
 pub trait Source {
@@ -43,7 +37,7 @@ pub(crate) fn read_shaped(src: &dyn Source, name: &str, expected: &[usize]) -> R
 pub(crate) struct Embedding {
     rows: usize,
     cols: usize,
-    dtype: RawDType,
+    dtype: DType,
     bytes: Vec<u8>,
 }
 
@@ -51,10 +45,7 @@ impl Embedding {
     pub(crate) fn load(src: &dyn Source, name: &str, rows: usize, cols: usize) -> Result<Self> {
         let expected = [rows, cols];
         if let Some((shape, dtype, bytes)) = src.read_raw(name)? {
-            let width = match dtype {
-                RawDType::F32 => 4,
-                RawDType::F16 | RawDType::BF16 => 2,
-            };
+            let width = dtype.size();
             if shape != expected || bytes.len() != rows * cols * width {
                 return Err(Error::Shape {
                     name: name.to_string(),
@@ -74,7 +65,7 @@ impl Embedding {
         Ok(Self {
             rows,
             cols,
-            dtype: RawDType::F32,
+            dtype: DType::F32,
             bytes,
         })
     }
@@ -86,21 +77,21 @@ impl Embedding {
     /// Append row `r` widened to f32.
     pub(crate) fn row_into(&self, r: usize, out: &mut Vec<f32>) {
         match self.dtype {
-            RawDType::F32 => {
+            DType::F32 => {
                 let b = &self.bytes[r * self.cols * 4..(r + 1) * self.cols * 4];
                 out.extend(
                     b.chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                 );
             }
-            RawDType::BF16 => {
+            DType::BF16 => {
                 let b = &self.bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
                 out.extend(
                     b.chunks_exact(2)
                         .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
                 );
             }
-            RawDType::F16 => {
+            DType::F16 => {
                 let b = &self.bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
                 out.extend(
                     b.chunks_exact(2)

@@ -8,11 +8,11 @@ use daisy_gemm_int8::{Backend, CpuBackend};
 
 use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
-use crate::config::{Config, Family};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
 use crate::source::{Embedding, Source, read_shaped};
 use crate::{Error, Result};
+use daisy_loader::{Arch, ModelConfig};
 
 /// The parts only the head holds.
 struct Head {
@@ -26,7 +26,7 @@ struct Head {
 
 /// Layers `[a, b)` of one model, plus the embedding, final norm and lm_head on the head.
 pub struct Stage {
-    cfg: Config,
+    cfg: ModelConfig,
     precision: Precision,
     layers: Range<usize>,
     blocks: Vec<Block>,
@@ -40,12 +40,11 @@ impl Stage {
     /// Load layers `layers` of the model in `src` (and the head's tensors when `head`).
     pub fn load(
         src: &dyn Source,
-        cfg: &Config,
+        cfg: &ModelConfig,
         layers: Range<usize>,
         head: bool,
         precision: Precision,
     ) -> Result<Self> {
-        cfg.validate()?;
         if layers.start > layers.end || layers.end > cfg.num_layers {
             return Err(Error::LayerRange {
                 start: layers.start,
@@ -93,7 +92,7 @@ impl Stage {
         }
     }
 
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
@@ -260,25 +259,25 @@ impl Stage {
     }
 }
 
-fn load_head(src: &dyn Source, cfg: &Config, precision: Precision) -> Result<Head> {
+fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Result<Head> {
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let (embed_name, norm, lm_name) = match cfg.family {
-        Family::Llama => ("model.embed_tokens.weight", "model.norm", "lm_head.weight"),
-        Family::Gpt2 => ("wte.weight", "ln_f", "lm_head.weight"),
+    let (embed_name, norm, lm_name) = match cfg.arch {
+        Arch::Llama => ("model.embed_tokens.weight", "model.norm", "lm_head.weight"),
+        Arch::Gpt2 => ("wte.weight", "ln_f", "lm_head.weight"),
     };
     let embed = Embedding::load(src, embed_name, v, h)?;
-    let wpe = match cfg.family {
-        Family::Gpt2 => Some(read_shaped(
+    let wpe = match cfg.arch {
+        Arch::Gpt2 => Some(read_shaped(
             src,
             "wpe.weight",
             &[cfg.max_position_embeddings, h],
         )?),
-        Family::Llama => None,
+        Arch::Llama => None,
     };
     let norm_weight = read_shaped(src, &format!("{norm}.weight"), &[h])?;
-    let norm_bias = match cfg.family {
-        Family::Gpt2 => Some(read_shaped(src, &format!("{norm}.bias"), &[h])?),
-        Family::Llama => None,
+    let norm_bias = match cfg.arch {
+        Arch::Gpt2 => Some(read_shaped(src, &format!("{norm}.bias"), &[h])?),
+        Arch::Llama => None,
     };
     let lm_head = if cfg.tie_word_embeddings {
         Linear::tied(precision, &embed, v, h)?

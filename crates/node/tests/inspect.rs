@@ -62,21 +62,40 @@ fn every_err_case_is_one_error_line_naming_the_problem() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-#[test]
-fn a_model_that_is_nowhere_is_one_error_line() {
+/// `node inspect --model MODEL` run in the workspace root, with an empty Hugging Face cache and a Hub
+/// endpoint nothing listens on; its stderr, after checking it is one error line and a failure.
+fn inspect_nowhere(model: &str) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["inspect", "--model", "nobody/nothing@main"])
+        .args(["inspect", "--model", model])
+        .current_dir(root())
         .env("HF_HUB_CACHE", tmp.path())
         .env("HF_ENDPOINT", "http://127.0.0.1:9")
         .env_remove("HF_TOKEN")
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success());
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
+#[test]
+fn a_model_that_is_nowhere_is_one_error_line() {
+    let stderr = inspect_nowhere("nobody/nothing@main");
     assert!(
         stderr.starts_with("error: ") && stderr.contains("nobody/nothing"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_mistyped_local_path_says_no_such_path_and_which_endpoint_was_tried() {
+    // Meant `fixtures/tiny`, typed `fixture/tiny`: it parses as a repo id, so the Hub is tried.
+    let stderr = inspect_nowhere("fixture/tiny");
+    assert!(
+        stderr.contains("no local path `fixture/tiny` exists")
+            && stderr.contains("http://127.0.0.1:9"),
         "{stderr}"
     );
 }

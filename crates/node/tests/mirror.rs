@@ -18,8 +18,12 @@ impl Drop for Mirror {
 }
 
 fn start(dir: &std::path::Path, extra: &[&str], token: Option<&str>) -> Mirror {
+    start_on(dir, "127.0.0.1:0", extra, token)
+}
+
+fn start_on(dir: &std::path::Path, listen: &str, extra: &[&str], token: Option<&str>) -> Mirror {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_node"));
-    cmd.args(["mirror", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+    cmd.args(["mirror", dir.to_str().unwrap(), "--listen", listen])
         .args(extra);
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     match token {
@@ -39,12 +43,16 @@ fn start(dir: &std::path::Path, extra: &[&str], token: Option<&str>) -> Mirror {
     Mirror { child, url }
 }
 
-/// A minimal HTTP/1.1 GET, so the test does not share the client code it is testing.
+/// A minimal HTTP/1.1 GET, so the test does not share the client code it is testing. A `Host` among
+/// `headers` replaces the URL's (the request still goes to the URL's address).
 fn get(url: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = TcpStream::connect(host).unwrap();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    let mut req = format!("GET {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req += &format!("Host: {host}\r\n");
+    }
     for (k, v) in headers {
         req += &format!("{k}: {v}\r\n");
     }
@@ -131,6 +139,49 @@ fn serves_ranges_and_redirects_weights_to_another_host() {
     let stats: serde_json::Value = serde_json::from_slice(&stats).unwrap();
     assert_eq!(stats["bytes_served"]["stage-1"], 10);
     assert_eq!(stats["authorization_on_redirect_host"], 0);
+}
+
+#[test]
+fn a_second_device_is_redirected_to_the_host_it_reached_the_mirror_at() {
+    let dir = repo();
+    let m = start_on(dir.path(), "0.0.0.0:0", &[], None);
+    // Bound to every interface, the printed URL is one another device can use.
+    assert!(!m.url.contains("0.0.0.0"), "{}", m.url);
+    let port = m.url.rsplit(':').next().unwrap().to_string();
+    let local = format!("http://127.0.0.1:{port}");
+    // A device of the LAN that reached this machine as `gpu-box.lan` is sent back to that name.
+    let (status, h, _) = get(
+        &format!("{local}/org/tiny/resolve/main/model.safetensors"),
+        &[("Host", &format!("gpu-box.lan:{port}"))],
+    );
+    assert_eq!(status, 302);
+    let location = header(&h, "location").unwrap().to_string();
+    let rest = location
+        .strip_prefix("http://gpu-box.lan:")
+        .unwrap_or_else(|| panic!("{location} does not name the host the request came to"));
+    let (cdn_port, path) = rest.split_at(rest.find('/').unwrap());
+    assert_ne!(
+        cdn_port, port,
+        "weights are served by the redirect host's own port"
+    );
+    // That host listens on every interface too: following the redirect (here over loopback) works.
+    let (status, _, body) = get(
+        &format!("http://127.0.0.1:{cdn_port}{path}"),
+        &[("Range", "bytes=0-3")],
+    );
+    assert_eq!(status, 206);
+    assert_eq!(body, [0, 1, 2, 3]);
+    // A request that came over loopback still goes to the loopback redirect address.
+    let (_, h, _) = get(
+        &format!("{local}/org/tiny/resolve/main/model.safetensors"),
+        &[],
+    );
+    assert!(
+        header(&h, "location")
+            .unwrap()
+            .starts_with("http://127.0.0.2:"),
+        "{h:?}"
+    );
 }
 
 #[test]

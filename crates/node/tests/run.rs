@@ -356,3 +356,56 @@ fn json_output_is_one_parseable_value() {
         "{stderr}"
     );
 }
+
+/// The default path depends on the request only, never on the number of stages: SmolLM2 unsplit and
+/// split in three, on a prompt of more than 32 tokens, take the same (cached) path and give the same
+/// ids and the same hop hashes where the splits share a layer boundary.
+#[test]
+fn the_default_path_gives_the_same_ids_split_and_unsplit() {
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let model = model.to_str().unwrap();
+    let essay = std::fs::read_to_string(root().join("fixtures/text/essay.txt")).unwrap();
+    let prompt: String = essay
+        .split_whitespace()
+        .take(34)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let run = |stages: &str| {
+        let out = node(&[
+            "run",
+            "--model",
+            model,
+            "--prompt",
+            &prompt,
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--stages",
+            stages,
+            "--backend",
+            "cpu",
+            "--format",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        last_json(&out)
+    };
+    let unsplit = run("30");
+    let split = run("10,10,10");
+    assert!(
+        unsplit["prompt_ids"].as_array().unwrap().len() >= 40,
+        "{}",
+        unsplit["prompt_ids"]
+    );
+    assert_eq!(unsplit["path"], "cached");
+    assert_eq!(split["path"], "cached");
+    assert_eq!(unsplit["ids"], split["ids"]);
+    assert_eq!(split["ids"].as_array().unwrap().len(), 8);
+    // The state after the last layer, returned to the head, is the same bits in both.
+    let last = |j: &Value| j["hops"].as_array().unwrap().last().unwrap()["sha256"].clone();
+    assert_eq!(last(&unsplit), last(&split));
+}

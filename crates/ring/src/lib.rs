@@ -9,7 +9,7 @@ mod planner;
 mod route;
 mod turn;
 
-pub use daisy_wire::{Plan, Stage, Violation};
+pub use daisy_wire::{Plan, StageSpan, Violation};
 
 pub use error::Error;
 pub use planner::{
@@ -25,6 +25,6 @@ pub use turn::{
 /// every violation: stages in ring order, stage 0 the head, layers `0..n_layers` covered exactly
 /// once, in order, as contiguous ranges, only the head may hold zero layers. A [`Plan`] is valid by
 /// construction; this checks a proposal before one is built.
-pub fn validate(n_layers: usize, stages: &[Stage]) -> Result<(), Vec<Violation>> {
+pub fn validate(n_layers: usize, stages: &[StageSpan]) -> Result<(), Vec<Violation>> {
     daisy_wire::validate_stages(n_layers, stages)
 }

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 /// What the user asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum BackendChoice {
     #[default]
     Auto,

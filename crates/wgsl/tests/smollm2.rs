@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use daisy_gemm_int8::{Backend, CpuBackend};
 use daisy_loader::Checkpoint;
-use daisy_model::{Config, Precision, Stage, argmax};
+use daisy_loader::ModelConfig;
+use daisy_model::{Precision, Stage, argmax};
 use daisy_wgsl::{DOT4_SHIFT_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel};
 
 const MODEL: &str = concat!(
@@ -24,7 +25,7 @@ fn in_ci() -> bool {
 /// Loads the stages of `split` (layer counts, head first) on `backend`.
 fn stages(
     ckpt: &Checkpoint,
-    cfg: &Config,
+    cfg: &ModelConfig,
     split: &[usize],
     backend: &Arc<dyn Backend>,
 ) -> Vec<Stage> {
@@ -90,7 +91,7 @@ fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
     };
     eprintln!("adapter: {}", gpu.adapter_name());
     let ckpt = Checkpoint::open(MODEL).unwrap();
-    let cfg = Config::from_loader(ckpt.config()).unwrap();
+    let cfg = ckpt.config().clone();
     // `<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n`, as
     // `tokenizers.Tokenizer.from_file` encodes it with the fixture's tokenizer.json.
     let prompt = [

@@ -13,7 +13,7 @@ use crate::message::{activation_hash, check_activation_body};
 use crate::{
     Activation, Assignment, Cancel, Commit, DeviceId, Error, ErrorReport, Fingerprint, GemmRate,
     Hash, Heartbeat, Hello, Message, PROTOCOL_VERSION, Placement, Plan, Positions, ProbeRequest,
-    ProbeResult, Progress, Ready, RepoId, Stage, Text,
+    ProbeResult, Progress, Ready, RepoId, StageSpan, Text,
 };
 
 /// Encodes a message to its postcard bytes.
@@ -88,7 +88,7 @@ struct RawProbeResult {
 #[derive(Deserialize)]
 struct RawPlan {
     n_layers: usize,
-    stages: Vec<Stage>,
+    stages: Vec<StageSpan>,
 }
 
 #[derive(Deserialize)]

@@ -25,4 +25,4 @@ pub use message::{
     Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, Message, PROTOCOL_VERSION,
     Placement, Positions, ProbeRequest, ProbeResult, Progress, Ready,
 };
-pub use plan::{Plan, Stage, Violation, Violations, validate_stages};
+pub use plan::{Plan, StageSpan, Violation, Violations, validate_stages};

@@ -10,11 +10,11 @@ use crate::Error;
 
 /// One stage of the ring: the layers it runs, `layers.start..layers.end`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Stage {
+pub struct StageSpan {
     pub layers: Range<usize>,
 }
 
-impl Stage {
+impl StageSpan {
     /// How many layers the stage holds (0 for a reversed range).
     pub fn len(&self) -> usize {
         self.layers.end.saturating_sub(self.layers.start)
@@ -130,7 +130,7 @@ impl fmt::Display for Violations {
 /// Checks `stages` against the plan rules for a model of `n_layers` layers: stages in ring order,
 /// stage 0 the head, layers `0..n_layers` covered exactly once, in order, as contiguous ranges, and
 /// only the head may hold zero layers. Returns every violation, not just the first.
-pub fn validate_stages(n_layers: usize, stages: &[Stage]) -> Result<(), Vec<Violation>> {
+pub fn validate_stages(n_layers: usize, stages: &[StageSpan]) -> Result<(), Vec<Violation>> {
     let mut found = Vec::new();
     if n_layers == 0 {
         found.push(Violation::NoLayers);
@@ -192,12 +192,12 @@ pub fn validate_stages(n_layers: usize, stages: &[Stage]) -> Result<(), Vec<Viol
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Plan {
     n_layers: usize,
-    stages: Vec<Stage>,
+    stages: Vec<StageSpan>,
 }
 
 impl Plan {
     /// A plan over `n_layers` layers, refused with every violation when the stages break the rules.
-    pub fn new(n_layers: usize, stages: Vec<Stage>) -> Result<Self, Error> {
+    pub fn new(n_layers: usize, stages: Vec<StageSpan>) -> Result<Self, Error> {
         validate_stages(n_layers, &stages).map_err(|v| Error::Plan(Violations(v)))?;
         Ok(Self { n_layers, stages })
     }
@@ -210,7 +210,7 @@ impl Plan {
             .iter()
             .map(|&c| {
                 let end = start.saturating_add(c);
-                let stage = Stage { layers: start..end };
+                let stage = StageSpan { layers: start..end };
                 start = end;
                 stage
             })
@@ -222,7 +222,7 @@ impl Plan {
     pub fn single(n_layers: usize) -> Result<Self, Error> {
         Self::new(
             n_layers,
-            vec![Stage {
+            vec![StageSpan {
                 layers: 0..n_layers,
             }],
         )
@@ -233,7 +233,7 @@ impl Plan {
     }
 
     /// The stages in ring order; `stages()[0]` is the head.
-    pub fn stages(&self) -> &[Stage] {
+    pub fn stages(&self) -> &[StageSpan] {
         &self.stages
     }
 
@@ -249,7 +249,7 @@ impl Plan {
 
     /// Layer count of each stage, head first.
     pub fn counts(&self) -> Vec<usize> {
-        self.stages.iter().map(Stage::len).collect()
+        self.stages.iter().map(StageSpan::len).collect()
     }
 
     /// The stage holding `layer`, if any.

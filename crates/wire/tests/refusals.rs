@@ -3,16 +3,16 @@
 //! fields decode checks.
 
 use daisy_wire::{
-    Activation, Error, Message, Plan, Positions, Stage, Violation, decode, decode_for, encode,
+    Activation, Error, Message, Plan, Positions, StageSpan, Violation, decode, decode_for, encode,
     validate_stages,
 };
 
 use crate::samples::{self, fp};
 
-fn stages(ranges: &[(usize, usize)]) -> Vec<Stage> {
+fn stages(ranges: &[(usize, usize)]) -> Vec<StageSpan> {
     ranges
         .iter()
-        .map(|&(s, e)| Stage { layers: s..e })
+        .map(|&(s, e)| StageSpan { layers: s..e })
         .collect()
 }
 

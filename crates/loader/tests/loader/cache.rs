@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use daisy_loader::{Checkpoint, LocalDir, RepoId, find_in_cache};
+use daisy_loader::{Checkpoint, LocalDir, find_in_cache, parse_model_ref, revision_of};
 
 use crate::root;
 
@@ -32,31 +32,40 @@ fn refs_resolve_to_snapshots_and_enter_the_fingerprint() {
     let commit = "0123456789abcdef0123456789abcdef01234567";
     make_cache(tmp.path(), commit);
 
-    let id = RepoId::parse("tiny-org/tiny-llama").unwrap();
-    assert_eq!(id.revision, "main");
+    let id = parse_model_ref("tiny-org/tiny-llama").unwrap();
+    assert_eq!(revision_of(&id), "main");
     let snap = find_in_cache(tmp.path(), &id).unwrap();
     assert_eq!(snap.commit, commit);
     let by_commit = find_in_cache(
         tmp.path(),
-        &RepoId::parse(&format!("tiny-org/tiny-llama@{commit}")).unwrap(),
+        &parse_model_ref(&format!("tiny-org/tiny-llama@{commit}")).unwrap(),
     );
     assert_eq!(by_commit.unwrap().dir, snap.dir);
 
-    let cached =
-        Checkpoint::from_repo(Box::new(LocalDir::new(&snap.dir)), &id.id, &snap.commit).unwrap();
+    let cached = Checkpoint::from_repo(
+        Box::new(LocalDir::new(&snap.dir)),
+        id.repo.as_str(),
+        &snap.commit,
+    )
+    .unwrap();
     let local = Checkpoint::open(&root().join("fixtures/tiny/llama").to_string_lossy()).unwrap();
     assert_eq!(cached.config(), local.config());
     // Same bytes, different identity: the repo id and commit are part of the fingerprint.
     assert_ne!(cached.fingerprint(), local.fingerprint());
-    let other = Checkpoint::from_repo(Box::new(LocalDir::new(&snap.dir)), &id.id, "ffff").unwrap();
+    let other = Checkpoint::from_repo(Box::new(LocalDir::new(&snap.dir)), id.repo.as_str(), "ffff")
+        .unwrap();
     assert_ne!(cached.fingerprint(), other.fingerprint());
-    let again =
-        Checkpoint::from_repo(Box::new(LocalDir::new(&snap.dir)), &id.id, &snap.commit).unwrap();
+    let again = Checkpoint::from_repo(
+        Box::new(LocalDir::new(&snap.dir)),
+        id.repo.as_str(),
+        &snap.commit,
+    )
+    .unwrap();
     assert_eq!(cached.fingerprint(), again.fingerprint());
 
     let missing = find_in_cache(
         tmp.path(),
-        &RepoId::parse("tiny-org/tiny-llama@v2").unwrap(),
+        &parse_model_ref("tiny-org/tiny-llama@v2").unwrap(),
     );
     let msg = missing.unwrap_err().to_string();
     assert!(
@@ -76,13 +85,11 @@ fn repo_ids_are_refused_when_malformed() {
         "org/na me",
         "org/name@../../x",
     ] {
-        let err = RepoId::parse(bad).unwrap_err().to_string();
+        let err = parse_model_ref(bad).unwrap_err().to_string();
         assert!(err.contains(bad), "{bad}: {err}");
     }
     assert_eq!(
-        RepoId::parse("HuggingFaceTB/SmolLM2-135M@v1.0")
-            .unwrap()
-            .revision,
+        revision_of(&parse_model_ref("HuggingFaceTB/SmolLM2-135M@v1.0").unwrap()),
         "v1.0"
     );
 }

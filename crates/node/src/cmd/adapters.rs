@@ -10,13 +10,12 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// `text` (one adapter per line) or `json`.
-    #[arg(long, default_value = "text")]
-    format: String,
+    #[command(flatten)]
+    format: super::options::FormatArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let json_format = super::json_format(&args.format)?;
+    let json_format = args.format.json();
     let list = daisy_wgsl::adapters();
     if json_format {
         let out: Vec<_> = list

@@ -9,7 +9,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use daisy_loader::Checkpoint;
 use daisy_loader::hub::HubClient;
-use daisy_model::{Config, Precision, Stage};
+use daisy_model::{Precision, Stage};
+
+use super::options::FormatArgs;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
@@ -26,8 +28,8 @@ pub(crate) struct Args {
     #[arg(long)]
     head: bool,
     /// `int8` (weights held quantized) or `f32`.
-    #[arg(long, default_value = "int8")]
-    precision: String,
+    #[arg(long, value_enum, default_value_t = Precision::Int8)]
+    precision: Precision,
     /// Only download the stage's tensors (no widening, no quantizing): the pure download time of the
     /// same bytes, to compare with the time to a ready stage.
     #[arg(long)]
@@ -35,9 +37,8 @@ pub(crate) struct Args {
     /// A name for this device, sent to the server as `X-Daisy-Client` (a mirror counts bytes by it).
     #[arg(long)]
     client_id: Option<String>,
-    /// `text` or `json` (one JSON object as the last line of stdout).
-    #[arg(long, default_value = "text")]
-    format: String,
+    #[command(flatten)]
+    format: FormatArgs,
 }
 
 fn parse_layers(text: &str) -> anyhow::Result<Range<usize>> {
@@ -60,7 +61,7 @@ fn parse_layers(text: &str) -> anyhow::Result<Range<usize>> {
 
 /// A Hub client named after this device, with a progress bar on stderr once the total is known.
 pub(crate) fn hub_client(client_id: Option<&str>) -> anyhow::Result<Arc<HubClient>> {
-    let mut client = HubClient::from_env()?;
+    let mut client = super::hub_client()?;
     if let Some(id) = client_id {
         client = client.with_client_id(id);
     }
@@ -87,16 +88,13 @@ pub(crate) fn progress_bar(client: &HubClient, total: u64, what: &str) -> Progre
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let layers = parse_layers(&args.layers)?;
-    let precision = Precision::parse(&args.precision)?;
-    if !matches!(args.format.as_str(), "text" | "json") {
-        bail!("--format `{}`, expected text or json", args.format);
-    }
+    let precision = args.precision;
     let client = hub_client(args.client_id.as_deref())?;
     let t0 = Instant::now();
     let checkpoint = Checkpoint::open_with(&args.model, Some(client.clone()))
         .with_context(|| format!("opening model {}", args.model))?;
     let header_bytes = client.fetched();
-    let config = Config::from_loader(checkpoint.config())?;
+    let config = checkpoint.config().clone();
     if layers.end > config.num_layers {
         bail!(
             "--layers {}..{}: the model has {} layers",
@@ -157,7 +155,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "open_seconds": t1.duration_since(t0).as_secs_f64(),
         "ready_seconds": ready,
     });
-    if args.format == "json" {
+    if args.format.json() {
         println!("{summary}");
     } else {
         println!(

@@ -4,48 +4,37 @@
 //! finite (skipped with `--headers-only`). Any refusal is one `error: …` line and a non-zero exit.
 
 use anyhow::Context;
-use daisy_loader::{Activation, Checkpoint, Format, ModelConfig, TensorInfo};
+use daisy_loader::{Checkpoint, Format, HiddenAct, ModelConfig, TensorInfo};
 use serde_json::{Value, json};
 
-use crate::cmd::tokenize::load_tokenizer;
+use super::options::FormatArgs;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// A local folder in Hugging Face layout, a `.gguf` file, or a repo id `org/name[@revision]`.
     #[arg(long)]
     model: String,
-    /// `text`: a readable report; `json`: one JSON object on the last line of stdout.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    format: OutputFormat,
+    #[command(flatten)]
+    format: FormatArgs,
     /// Check headers, config and tokenizer only; do not read the weights to check they are finite.
     #[arg(long)]
     headers_only: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum OutputFormat {
-    Text,
-    Json,
-}
-
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let ckpt =
-        Checkpoint::open(&args.model).with_context(|| format!("opening model {}", args.model))?;
+    let ckpt = super::checkpoint(&args.model)?;
     if !args.headers_only {
         ckpt.check_values()
             .with_context(|| format!("checking the weights of {}", args.model))?;
     }
-    let tokenizer = load_tokenizer(&ckpt)?;
+    let tokenizer = daisy_engine::tokenizer_of(&ckpt)?;
     let report = report(&ckpt, tokenizer.vocab_size(), !args.headers_only);
-    match args.format {
-        OutputFormat::Json => println!("{}", serde_json::to_string(&report)?),
-        OutputFormat::Text => print!("{}", text(&ckpt, &report)),
+    if args.format.json() {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", text(&ckpt, &report));
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn config_json(cfg: &ModelConfig) -> Value {
@@ -64,7 +53,7 @@ fn config_json(cfg: &ModelConfig) -> Value {
         "norm_eps": cfg.norm_eps,
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "qkv_bias": cfg.qkv_bias,
-        "hidden_act": match cfg.hidden_act { Activation::Silu => "silu", Activation::GeluNew => "gelu_new" },
+        "hidden_act": match cfg.hidden_act { HiddenAct::Silu => "silu", HiddenAct::GeluNew => "gelu_new" },
         "sliding_window": cfg.sliding_window,
         "bos_token_id": cfg.bos_token_id,
         "eos_token_ids": cfg.eos_token_ids,
@@ -120,7 +109,7 @@ fn report(ckpt: &Checkpoint, tokenizer_vocab: usize, values_checked: bool) -> Va
         "files": files,
         "repo_id": ckpt.repo_id(),
         "commit": ckpt.commit(),
-        "fingerprint": hex(&ckpt.fingerprint()),
+        "fingerprint": hex::encode(ckpt.fingerprint()),
         "config": config_json(cfg),
         "embeddings": tying,
         "tokenizer_vocab_size": tokenizer_vocab,

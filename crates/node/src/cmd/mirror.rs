@@ -25,6 +25,7 @@ use axum::extract::{ConnectInfo, Path as UrlPath, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use daisy_loader::{DEFAULT_REVISION, ModelRef, RepoId, Revision, cache_folder, find_in_cache};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
@@ -70,7 +71,10 @@ enum Fault {
 struct Mirror {
     dir: PathBuf,
     token: Option<String>,
-    cdn_base: String,
+    /// Where weight files are redirected for a request that came to a loopback address.
+    redirect_host: IpAddr,
+    /// The redirect host's port (it listens on every address the first host does).
+    cdn_port: u16,
     fault: Option<Fault>,
     /// Bytes per second for one response body, when capped.
     rate: Option<f64>,
@@ -107,7 +111,14 @@ async fn serve(args: Args, token: Option<String>) -> anyhow::Result<()> {
     let main = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;
-    let cdn_addr = SocketAddr::new(args.redirect_host, 0);
+    // The redirect host listens where the first host does (so another device can follow a redirect),
+    // and on its own loopback address when the first host is loopback only.
+    let cdn_ip = if args.listen.ip().is_loopback() {
+        args.redirect_host
+    } else {
+        args.listen.ip()
+    };
+    let cdn_addr = SocketAddr::new(cdn_ip, 0);
     let cdn = tokio::net::TcpListener::bind(cdn_addr)
         .await
         .with_context(|| {
@@ -121,7 +132,8 @@ async fn serve(args: Args, token: Option<String>) -> anyhow::Result<()> {
     let mirror = Arc::new(Mirror {
         dir: args.dir.clone(),
         token,
-        cdn_base: format!("http://{cdn_addr}"),
+        redirect_host: args.redirect_host,
+        cdn_port: cdn_addr.port(),
         fault: args.fault,
         rate: args.rate_limit.map(|mb| mb * 1e6),
         served: Mutex::new(BTreeMap::new()),
@@ -137,10 +149,15 @@ async fn serve(args: Args, token: Option<String>) -> anyhow::Result<()> {
         .route("/__cdn/{org}/{name}/{commit}/{*file}", get(cdn_file))
         .fallback(not_found)
         .with_state(mirror.clone());
+    // Bound to every interface, the URL names this machine's LAN address, which other devices use.
+    let main_addr = crate::net::reachable(main_addr);
     println!("listening on http://{main_addr}");
     eprintln!(
-        "mirror: serving {} on http://{main_addr}; weight files redirect to http://{cdn_addr}{}",
+        "mirror: serving {} on http://{main_addr}; weight files redirect to port {} of the host a \
+         request came to ({} for loopback){}",
         args.dir.display(),
+        cdn_addr.port(),
+        args.redirect_host,
         if mirror.token.is_some() {
             "; a bearer token is required"
         } else {
@@ -212,16 +229,6 @@ struct Snapshot {
     commit: String,
 }
 
-/// One path segment of a repo id: the Hub's characters only, so a path cannot escape the mirror folder.
-fn valid_segment(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 96
-        && s != "."
-        && s != ".."
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
 /// The file path inside a repo: relative, normal components only.
 fn valid_file(file: &str) -> Option<PathBuf> {
     let path = Path::new(file);
@@ -242,10 +249,14 @@ impl Mirror {
                 &format!("Repository Not Found for url: {org}/{name}."),
             )
         };
-        if !valid_segment(org) || !valid_segment(name) {
+        // The wire's repo-id grammar (the one contract): no part can escape the mirror folder.
+        let Ok(repo) = RepoId::parse(&format!("{org}/{name}")) else {
             return Err(Box::new(repo_not_found()));
-        }
-        let folder = self.dir.join(org).join(name);
+        };
+        let Ok(rev) = Revision::parse(revision) else {
+            return Err(revision_not_found(revision));
+        };
+        let folder = self.dir.join(repo.org()).join(repo.name());
         if folder.is_dir() {
             let commit = folder_commit(&folder).map_err(|e| {
                 hub_error(
@@ -258,7 +269,7 @@ impl Mirror {
             let reported = self.fault == Some(Fault::CommitChanges)
                 && revision.len() == 40
                 && revision.get(..32) == commit.get(..32);
-            if revision != "main" && revision != commit && !reported {
+            if revision != DEFAULT_REVISION && revision != commit && !reported {
                 return Err(revision_not_found(revision));
             }
             return Ok(Snapshot {
@@ -266,25 +277,21 @@ impl Mirror {
                 commit,
             });
         }
-        let cache = self.dir.join(format!("models--{org}--{name}"));
-        if cache.is_dir() {
-            let is_commit = revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit());
-            let commit = if is_commit {
-                revision.to_string()
-            } else if revision.split('/').all(valid_segment) {
-                std::fs::read_to_string(cache.join("refs").join(revision))
-                    .map(|s| s.trim().to_string())
-                    .map_err(|_| revision_not_found(revision))?
-            } else {
-                return Err(revision_not_found(revision));
-            };
-            let root = cache.join("snapshots").join(&commit);
-            if !valid_segment(&commit) || !root.is_dir() {
-                return Err(revision_not_found(revision));
-            }
-            return Ok(Snapshot { root, commit });
+        // A Hugging Face cache, laid out as the loader reads it.
+        if !cache_folder(&self.dir, &repo).is_dir() {
+            return Err(Box::new(repo_not_found()));
         }
-        Err(Box::new(repo_not_found()))
+        let model = ModelRef {
+            repo,
+            revision: Some(rev),
+        };
+        match find_in_cache(&self.dir, &model) {
+            Ok(found) => Ok(Snapshot {
+                root: found.dir,
+                commit: found.commit,
+            }),
+            Err(_) => Err(revision_not_found(revision)),
+        }
     }
 
     fn commit_header(&self, commit: &str) -> HeaderValue {
@@ -439,7 +446,9 @@ async fn resolve(
             cdn_path
         } else {
             let sig = mirror.sign(&cdn_path);
-            format!("{}{cdn_path}?sig={sig}", mirror.cdn_base)
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+            let base = redirect_base(host, mirror.redirect_host, mirror.cdn_port);
+            format!("{base}{cdn_path}?sig={sig}")
         };
         let mut response = StatusCode::FOUND.into_response();
         let h = response.headers_mut();
@@ -453,6 +462,24 @@ async fn resolve(
     }
     let client = client_id(&headers, peer);
     serve_file(&mirror, &path, size, &snapshot.commit, &headers, client).await
+}
+
+/// The redirect host for a request whose `Host` header is `host`: the same host name on the redirect
+/// port (another device reaches the mirror the way it came), or the loopback redirect address when
+/// the request came over loopback or named no usable host.
+fn redirect_base(host: Option<&str>, loopback: IpAddr, port: u16) -> String {
+    let fallback = || format!("http://{}", SocketAddr::new(loopback, port));
+    let Some(authority) = host.and_then(|h| h.parse::<axum::http::uri::Authority>().ok()) else {
+        return fallback();
+    };
+    let name = authority.host();
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    let is_loopback = name.eq_ignore_ascii_case("localhost")
+        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if is_loopback || authority.as_str().contains(['/', '?', '@']) {
+        return fallback();
+    }
+    format!("http://{name}:{port}")
 }
 
 #[derive(serde::Deserialize)]
@@ -637,6 +664,20 @@ mod tests {
     }
 
     #[test]
+    fn redirects_name_the_host_the_request_came_to() {
+        let loopback: IpAddr = "127.0.0.2".parse().unwrap();
+        let at = |host: Option<&str>| redirect_base(host, loopback, 4242);
+        assert_eq!(at(Some("127.0.0.1:8790")), "http://127.0.0.2:4242");
+        assert_eq!(at(Some("localhost:8790")), "http://127.0.0.2:4242");
+        assert_eq!(at(None), "http://127.0.0.2:4242");
+        assert_eq!(at(Some("192.168.1.20:8790")), "http://192.168.1.20:4242");
+        assert_eq!(at(Some("gpu-box.local")), "http://gpu-box.local:4242");
+        assert_eq!(at(Some("[fe80::1]:8790")), "http://[fe80::1]:4242");
+        // Not a host name: the loopback default, never a crafted location.
+        assert_eq!(at(Some("evil/x?y")), "http://127.0.0.2:4242");
+    }
+
+    #[test]
     fn paths_cannot_escape_the_mirror() {
         assert!(valid_file("model.safetensors").is_some());
         assert!(valid_file("sub/dir/file.json").is_some());
@@ -644,7 +685,10 @@ mod tests {
             assert!(valid_file(bad).is_none(), "{bad} accepted");
         }
         for bad in ["..", ".", "", "a/b", "a%2e", "a b"] {
-            assert!(!valid_segment(bad), "{bad} accepted");
+            assert!(
+                RepoId::parse(&format!("{bad}/name")).is_err(),
+                "{bad} accepted"
+            );
         }
     }
 }

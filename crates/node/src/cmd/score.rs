@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use daisy_model::{Precision, score};
+use daisy_engine::{LocalRing, load_stages};
+use daisy_model::score;
 use daisy_wire::Plan;
 use serde_json::json;
 
-use super::run::{LocalRing, backend, load_stages, open, parse_backend, read_text};
+use super::options::{ComputeArgs, FormatArgs};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -24,30 +25,26 @@ pub(crate) struct Args {
     /// A JSON array of token ids.
     #[arg(long)]
     ids_file: Option<PathBuf>,
-    /// `int8` or `f32`.
-    #[arg(long, default_value = "int8")]
-    precision: String,
-    /// `auto` or `cpu`.
-    #[arg(long, default_value = "auto")]
-    backend: String,
-    /// `text` or `json`.
-    #[arg(long, default_value = "text")]
-    format: String,
+    #[command(flatten)]
+    compute: ComputeArgs,
+    #[command(flatten)]
+    format: FormatArgs,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let json_format = super::json_format(&args.format)?;
-    let precision = Precision::parse(&args.precision)?;
-    let choice = parse_backend(&args.backend)?;
-    let opened = open(&args.model)?;
+    let json_format = args.format.json();
+    let precision = args.compute.precision;
+    let opened = super::open(&args.model)?;
     let ids: Vec<u32> = match (&args.text, &args.file, &args.ids_file) {
         (Some(t), None, None) => opened.tokenizer.encode(t, true),
-        (None, Some(f), None) => opened.tokenizer.encode(&read_text(f)?, true),
+        (None, Some(f), None) => opened
+            .tokenizer
+            .encode(&super::tokenize::read_text(f)?, true),
         (None, None, Some(f)) => {
             let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
             let ids: Vec<u64> = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{}: expected a JSON array of token ids", f.display()))?;
-            let vocab = opened.config.vocab_size;
+            let vocab = opened.config().vocab_size;
             if let Some(bad) = ids.iter().find(|&&i| i >= vocab as u64) {
                 bail!(
                     "{}: token id {bad} is outside the vocabulary of {vocab} tokens",
@@ -61,9 +58,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("nothing to score: the input has no tokens");
     }
-    let plan = Plan::single(opened.config.num_layers)?;
-    let (backend, _adapter) = backend(choice)?;
-    let stages = load_stages(&opened, &plan, precision, &backend)?;
+    let plan = Plan::single(opened.config().num_layers)?;
+    let chosen = super::backend(args.compute.backend)?;
+    let stages = load_stages(&opened, &plan, precision, &chosen.backend)?;
     let mut ring = LocalRing::new(&plan, &stages, 1);
     let scored = score(&stages[0], &ids, &mut |p| ring.lap(p))?;
     if json_format {

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use daisy_loader::Checkpoint;
-use daisy_tokenizer::Tokenizer;
+
+use super::options::{Format, FormatArgs};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -20,47 +20,32 @@ pub(crate) struct Args {
     #[arg(long)]
     file: Option<PathBuf>,
     /// `text`: the ids separated by spaces; `json`: one JSON object `{"ids": [...]}`.
-    #[arg(long, value_enum, default_value_t = Format::Text)]
-    format: Format,
+    #[command(flatten)]
+    format: FormatArgs,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Format {
-    Text,
-    Json,
-}
-
-/// The checkpoint's tokenizer, or an error naming what it refuses. `run` and `inspect` call this
-/// before computing anything.
-pub(crate) fn load_tokenizer(checkpoint: &Checkpoint) -> anyhow::Result<Tokenizer> {
-    let json = checkpoint
-        .tokenizer_json()
-        .context("reading tokenizer.json")?;
-    Tokenizer::from_json(&json).context("loading tokenizer.json")
+/// Read a file as UTF-8 text, refusing invalid bytes.
+pub(crate) fn read_text(path: &PathBuf) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8 (first invalid byte at offset {}): expected UTF-8 text",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let text = match (&args.text, &args.file) {
         (Some(t), None) => t.clone(),
-        (None, Some(path)) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-            match String::from_utf8(bytes) {
-                Ok(s) => s,
-                Err(e) => bail!(
-                    "{} is not valid UTF-8 (first invalid byte at offset {}): expected UTF-8 text",
-                    path.display(),
-                    e.utf8_error().valid_up_to()
-                ),
-            }
-        }
+        (None, Some(path)) => read_text(path)?,
         _ => bail!("give exactly one of --text and --file"),
     };
-    let checkpoint =
-        Checkpoint::open(&args.model).with_context(|| format!("opening model {}", args.model))?;
-    let tokenizer = load_tokenizer(&checkpoint)?;
+    let checkpoint = super::checkpoint(&args.model)?;
+    let tokenizer = daisy_engine::tokenizer_of(&checkpoint)?;
     let ids = tokenizer.encode(&text, true);
-    match args.format {
+    match args.format.format {
         Format::Text => {
             let line: Vec<String> = ids.iter().map(u32::to_string).collect();
             println!("{}", line.join(" "));

@@ -1,0 +1,202 @@
+//! One lap step, and the ring of one plan played in one process from it.
+//!
+//! [`Member::step`] is what a stage of the ring does with one activation — bytes in, decode (the
+//! integrity hash and the model fingerprint checked), run its layers, encode, bytes out — with
+//! `daisy_ring::route` naming who consumes the result. A networked member calls it on the bytes its
+//! data channel delivered; [`LocalRing`] calls it for every stage in turn. Both run the same code, so
+//! the conformance suite, `node run --stages` and the ring across processes agree by construction.
+
+use daisy_model::{Pass, Stage, StageCache};
+use daisy_ring::{Next, route};
+use daisy_wire::{Activation, Fingerprint, Message, Plan, Positions, decode_for, encode};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Context, Error, Result};
+
+/// One hop of the first lap: the layer after which the state was sent, and SHA-256 of its f32 bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hop {
+    pub after_layer: usize,
+    pub sha256: [u8; 32],
+}
+
+/// SHA-256 over the exact little-endian bits of `data`.
+pub fn sha256_f32(data: &[f32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for v in data {
+        h.update(v.to_bits().to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+/// An activation on its way: who consumes it, its encoded bytes, and (on the first lap of a turn)
+/// the hop it records.
+#[derive(Debug)]
+pub struct Sent {
+    pub next: Next,
+    pub bytes: Vec<u8>,
+    pub hop: Option<Hop>,
+}
+
+/// Where a lap is: the turn, the lap within it, the positions its rows stand for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LapHeader {
+    pub turn: u64,
+    pub lap: usize,
+    pub pos0: usize,
+    pub rows: usize,
+}
+
+/// Encode what stage `sender` of `plan` produced as hop `hop`, and route it.
+pub fn send(
+    plan: &Plan,
+    sender: &Stage,
+    header: LapHeader,
+    hop: usize,
+    data: Vec<f32>,
+) -> Result<Sent> {
+    let cols = data.len().checked_div(header.rows).unwrap_or(0);
+    let recorded = (header.lap == 0).then(|| Hop {
+        after_layer: sender.layers().end,
+        sha256: sha256_f32(&data),
+    });
+    let act = Activation::new(
+        header.turn,
+        header.lap,
+        hop,
+        Positions::new(header.pos0, header.rows),
+        header.rows,
+        cols,
+        data,
+        Fingerprint(sender.fingerprint()),
+    )?;
+    Ok(Sent {
+        next: route(plan, hop)?,
+        bytes: encode(&Message::Activation(act)),
+        hop: recorded,
+    })
+}
+
+/// Decode an activation meant for `stage`: the hash and the fingerprint checked, and refused unless
+/// the router sends hop `hop` to `expected`.
+fn receive(plan: &Plan, stage: &Stage, expected: Next, bytes: &[u8]) -> Result<Activation> {
+    let Message::Activation(act) = decode_for(bytes, &Fingerprint(stage.fingerprint()))? else {
+        return Err(Error::Invalid(
+            "expected an activation, got another message".to_string(),
+        ));
+    };
+    let next = route(plan, act.hop())?;
+    if next != expected {
+        return Err(Error::Invalid(format!(
+            "hop {} is addressed to {next:?}, not to {expected:?}",
+            act.hop()
+        )));
+    }
+    Ok(act)
+}
+
+/// The head at the end of a lap: the returning hidden state, checked.
+pub fn receive_at_head(plan: &Plan, head: &Stage, bytes: &[u8]) -> Result<Vec<f32>> {
+    receive(plan, head, Next::Return, bytes)
+        .map(Activation::into_data)
+        .context(|| "the head refused the return leg".to_string())
+}
+
+/// One stage of the ring other than the head: its layers, its place in the plan, its KV cache.
+pub struct Member<'a> {
+    plan: &'a Plan,
+    index: usize,
+    stage: &'a Stage,
+    cache: Option<StageCache>,
+}
+
+impl<'a> Member<'a> {
+    /// `stage` plays stage `index` (not 0) of `plan`; nothing checks that it holds the layers the
+    /// plan says (the caller does, and the conformance mutation cases skip it on purpose).
+    pub fn new(plan: &'a Plan, index: usize, stage: &'a Stage) -> Self {
+        Self {
+            plan,
+            index,
+            stage,
+            cache: None,
+        }
+    }
+
+    /// Take one activation's bytes, run this stage's layers on it, and send the result on. On the
+    /// cached path the stage continues its own KV cache (a lap at position 0 starts a new one).
+    pub fn step(&mut self, bytes: &[u8], cached: bool) -> Result<Sent> {
+        let i = self.index;
+        let act = receive(self.plan, self.stage, Next::Stage(i), bytes)
+            .context(|| format!("stage {i} refused an activation"))?;
+        let header = LapHeader {
+            turn: act.turn(),
+            lap: act.lap(),
+            pos0: act.positions().start,
+            rows: act.rows(),
+        };
+        let hop = act.hop();
+        let mut data = act.into_data();
+        let cache = if cached {
+            if header.pos0 == 0 || self.cache.is_none() {
+                self.cache = Some(self.stage.new_cache());
+            }
+            self.cache.as_mut()
+        } else {
+            None
+        };
+        self.stage
+            .forward(&mut data, header.rows, header.pos0, cache)
+            .context(|| format!("stage {i}"))?;
+        send(self.plan, self.stage, header, hop + 1, data)
+    }
+}
+
+/// The stages of one plan in one process; the head drives and every hop crosses `wire` and `route`.
+pub struct LocalRing<'a> {
+    plan: &'a Plan,
+    head: &'a Stage,
+    members: Vec<Member<'a>>,
+    turn: u64,
+    pub hops: Vec<Hop>,
+}
+
+impl<'a> LocalRing<'a> {
+    /// `stages[i]` plays stage `i` of `plan` (see [`Member::new`]).
+    pub fn new(plan: &'a Plan, stages: &'a [Stage], turn: u64) -> Self {
+        Self {
+            plan,
+            head: &stages[0],
+            members: (1..stages.len())
+                .map(|i| Member::new(plan, i, &stages[i]))
+                .collect(),
+            turn,
+            hops: Vec::new(),
+        }
+    }
+
+    /// Carry one pass from the head around the ring and back.
+    pub fn lap(&mut self, pass: Pass) -> Result<Vec<f32>> {
+        let header = LapHeader {
+            turn: self.turn,
+            lap: pass.lap,
+            pos0: pass.pos0,
+            rows: pass.rows,
+        };
+        let mut sent = send(self.plan, self.head, header, 0, pass.hidden)?;
+        loop {
+            self.hops.extend(sent.hop.take());
+            match sent.next {
+                Next::Return => return receive_at_head(self.plan, self.head, &sent.bytes),
+                Next::Stage(i) => {
+                    let Some(member) = i.checked_sub(1).and_then(|j| self.members.get_mut(j))
+                    else {
+                        return Err(Error::Invalid(format!(
+                            "route names stage {i}, which is not loaded"
+                        )));
+                    };
+                    sent = member.step(&sent.bytes, pass.cached)?;
+                }
+            }
+        }
+    }
+}

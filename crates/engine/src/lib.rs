@@ -1,0 +1,27 @@
+//! The synchronous engine the node and the conformance suite share: open a model, choose a backend,
+//! load a plan's stages and check them against it, step one lap, and drive a turn — each token
+//! reported as it is produced, the turn cancellable between tokens, the result a typed report.
+//!
+//! Architecture invariant: no async and no networking. The networked ring (in `node`) calls
+//! [`Member::step`] on the bytes its data channels deliver and hands [`generate_turn`] a lap that
+//! crosses processes; [`LocalRing`] plays the same steps in one process.
+
+mod backend;
+mod error;
+mod lap;
+mod open;
+mod stages;
+mod turn;
+
+pub use backend::{ChosenBackend, choose_backend};
+pub use error::{Context, Error, Result};
+pub use lap::{Hop, LapHeader, LocalRing, Member, Sent, receive_at_head, send, sha256_f32};
+pub use open::{Opened, Prompt, open, tokenizer_of};
+pub use stages::{check_stages, load_stage, load_stages};
+pub use turn::{
+    BackendReport, Difference, Generated, HopReport, PathChoice, Timings, TokenEvent, TurnOptions,
+    TurnReport, VerifyReport, generate_turn, peak_rss_bytes, plan_ranges, verify,
+};
+
+pub use daisy_model::{ForwardPath, Precision, Sampling};
+pub use daisy_wgsl::BackendChoice;

@@ -1,0 +1,370 @@
+//! A turn, driven from the head: generation through any lap (in one process or around a networked
+//! ring), each token reported as it is produced and the turn cancellable between tokens; Verify; and
+//! the typed report `node run --format json` prints.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use daisy_gemm_int8::Backend;
+use daisy_model::{
+    ForwardPath, GenerateOptions, Generation, JsonMask, Pass, Precision, Sampling, Stage,
+    generate_streaming, prefill_chunks,
+};
+use daisy_wire::Plan;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::lap::{Hop, LocalRing};
+use crate::open::Opened;
+use crate::stages::load_stages;
+
+/// `--path`: which forward path a generation takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum PathChoice {
+    /// The cached path whenever it applies — every generation, on any number of stages — so a split
+    /// and an unsplit run of the same request give the same ids by default.
+    #[default]
+    Auto,
+    /// Every token re-runs the whole window (no KV cache).
+    FullWindow,
+    /// Chunked prefill by prompt length, per-stage KV, one token per pass.
+    Cached,
+}
+
+impl PathChoice {
+    /// The path a generation takes. It depends on the request only, never on the number of stages
+    /// or devices; both paths apply to every prompt, so `auto` is the cached one.
+    pub fn resolve(self) -> ForwardPath {
+        match self {
+            Self::Auto | Self::Cached => ForwardPath::Cached,
+            Self::FullWindow => ForwardPath::FullWindow,
+        }
+    }
+}
+
+/// What a turn needs besides the prompt.
+#[derive(Clone, Debug)]
+pub struct TurnOptions {
+    pub max_new_tokens: usize,
+    pub ignore_eos: bool,
+    pub sampling: Sampling,
+    pub path: ForwardPath,
+    /// Keep the completion inside one JSON object or array (the JSON mask).
+    pub json_output: bool,
+}
+
+impl TurnOptions {
+    /// Refused when the temperature is negative or not finite.
+    pub fn check(&self) -> Result<()> {
+        let t = self.sampling.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(Error::Invalid(format!(
+                "temperature {t}, expected a finite number at least 0"
+            )));
+        }
+        Ok(())
+    }
+
+    fn generate_options(&self, eos_token_ids: &[u32]) -> GenerateOptions {
+        GenerateOptions {
+            max_new_tokens: self.max_new_tokens,
+            eos_token_ids: eos_token_ids.to_vec(),
+            ignore_eos: self.ignore_eos,
+            sampling: self.sampling,
+            path: self.path,
+        }
+    }
+}
+
+/// One generated token, as the turn reports it.
+#[derive(Clone, Debug)]
+pub struct TokenEvent<'a> {
+    /// Its position among the generated tokens (0 is the first).
+    pub index: usize,
+    pub id: u32,
+    /// The text it adds to the answer (empty while a multi-byte character is incomplete).
+    pub text: &'a str,
+}
+
+/// A finished generation with its timings.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub generation: Generation,
+    pub text: String,
+    /// `Some(false)` when the JSON mask was on and the value is not complete.
+    pub json_complete: Option<bool>,
+    pub timings: Timings,
+}
+
+/// Where the time of a turn went.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Timings {
+    pub load_s: f64,
+    pub generate_s: f64,
+    pub tokens_per_s: f64,
+    pub prefill_s: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+/// Decodes ids incrementally: each new id's text, held back while it ends inside a character.
+struct TextStream<'a> {
+    opened: &'a Opened,
+    ids: Vec<u32>,
+    shown: usize,
+}
+
+impl TextStream<'_> {
+    fn push(&mut self, id: u32) -> String {
+        self.ids.push(id);
+        let text = self
+            .opened
+            .tokenizer
+            .decode(&self.ids, true)
+            .unwrap_or_default();
+        if text.ends_with('\u{fffd}')
+            || text.len() < self.shown
+            || !text.is_char_boundary(self.shown)
+        {
+            return String::new();
+        }
+        let piece = text[self.shown..].to_string();
+        self.shown = text.len();
+        piece
+    }
+}
+
+/// Generate from `prompt_ids` with `head` driving and `lap` carrying each pass around the rest of
+/// the ring. `on_token` sees every token as it is produced; `ControlFlow::Break` cancels the turn
+/// between two tokens.
+pub fn generate_turn(
+    opened: &Opened,
+    head: &Stage,
+    prompt_ids: &[u32],
+    opts: &TurnOptions,
+    lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>>,
+    on_token: &mut dyn FnMut(TokenEvent<'_>) -> ControlFlow<()>,
+) -> Result<Generated> {
+    opts.check()?;
+    let gen_opts = opts.generate_options(opened.eos_token_ids());
+    let mut mask = opts
+        .json_output
+        .then(|| JsonMask::new(opened.token_table()));
+    let prefill_laps = match opts.path {
+        ForwardPath::FullWindow => 1,
+        ForwardPath::Cached => prefill_chunks(prompt_ids.len()).len(),
+    };
+    let t0 = Instant::now();
+    let mut prefill_s = 0.0;
+    let mut stream = TextStream {
+        opened,
+        ids: Vec::new(),
+        shown: 0,
+    };
+    let generation = generate_streaming(
+        head,
+        prompt_ids,
+        &gen_opts,
+        mask.as_mut(),
+        &mut |p| {
+            let n = p.lap;
+            let out = lap(p);
+            if n + 1 == prefill_laps {
+                prefill_s = t0.elapsed().as_secs_f64();
+            }
+            out
+        },
+        &mut |id| {
+            let index = stream.ids.len();
+            let text = stream.push(id);
+            on_token(TokenEvent {
+                index,
+                id,
+                text: &text,
+            })
+        },
+    )?;
+    let generate_s = t0.elapsed().as_secs_f64();
+    let decode_tokens = generation.ids.len().saturating_sub(1);
+    let text = opened.tokenizer.decode(&generation.ids, true)?;
+    Ok(Generated {
+        text,
+        json_complete: mask.as_ref().map(JsonMask::complete),
+        timings: Timings {
+            load_s: 0.0,
+            generate_s,
+            tokens_per_s: generation.ids.len() as f64 / generate_s.max(1e-9),
+            prefill_s,
+            prefill_tokens_per_s: prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            decode_s: generate_s - prefill_s,
+            decode_tokens_per_s: decode_tokens as f64 / (generate_s - prefill_s).max(1e-9),
+        },
+        generation,
+    })
+}
+
+/// Verify's answer: the head's own run of the same request with every layer, compared.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// The ids are the same.
+    #[serde(rename = "match")]
+    pub matched: bool,
+    /// Kept for readers of the earlier name.
+    pub ids_equal: bool,
+    /// The unsplit run's ids.
+    pub ids: Vec<u32>,
+    pub path: &'static str,
+    /// The first generated position where the two runs differ, with both ids there (`None` past
+    /// the end of the shorter run).
+    pub first_difference: Option<Difference>,
+}
+
+/// Where two runs first differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Difference {
+    pub position: usize,
+    pub split: Option<u32>,
+    pub unsplit: Option<u32>,
+}
+
+impl VerifyReport {
+    fn compare(split: &[u32], unsplit: Vec<u32>, path: ForwardPath) -> Self {
+        let first_difference = (0..split.len().max(unsplit.len()))
+            .find(|&i| split.get(i) != unsplit.get(i))
+            .map(|position| Difference {
+                position,
+                split: split.get(position).copied(),
+                unsplit: unsplit.get(position).copied(),
+            });
+        let matched = first_difference.is_none();
+        Self {
+            matched,
+            ids_equal: matched,
+            ids: unsplit,
+            path: path.name(),
+            first_difference,
+        }
+    }
+
+    /// One line for a person: a match, or the first position that differs and both ids.
+    pub fn summary(&self) -> String {
+        match &self.first_difference {
+            None => format!(
+                "verify: the unsplit run on the head gave the same {} ids",
+                self.ids.len()
+            ),
+            Some(d) => format!(
+                "verify failed: the split and the unsplit run first differ at generated token {} \
+                 (split {}, unsplit {})",
+                d.position,
+                d.split.map_or("none".to_string(), |i| i.to_string()),
+                d.unsplit.map_or("none".to_string(), |i| i.to_string()),
+            ),
+        }
+    }
+}
+
+/// Re-run the request with every layer on the head (the same path and chunks) and compare its ids
+/// with `ids`. `solo` is the head's unsplit stage when one is loaded already; otherwise the whole
+/// model is loaded here.
+pub fn verify(
+    opened: &Opened,
+    solo: Option<&Stage>,
+    precision: Precision,
+    backend: &Arc<dyn Backend>,
+    prompt_ids: &[u32],
+    opts: &TurnOptions,
+    ids: &[u32],
+) -> Result<VerifyReport> {
+    let single = Plan::single(opened.config().num_layers)?;
+    let loaded;
+    let stages: &[Stage] = match solo {
+        Some(stage) => std::slice::from_ref(stage),
+        None => {
+            loaded = load_stages(opened, &single, precision, backend)?;
+            &loaded
+        }
+    };
+    let mut ring = LocalRing::new(&single, stages, 2);
+    let again = generate_turn(
+        opened,
+        &stages[0],
+        prompt_ids,
+        opts,
+        &mut |p| ring.lap(p),
+        &mut |_| ControlFlow::Continue(()),
+    )?;
+    Ok(VerifyReport::compare(ids, again.generation.ids, opts.path))
+}
+
+/// One hop of the report, its hash in hex.
+#[derive(Clone, Debug, Serialize)]
+pub struct HopReport {
+    pub hop: usize,
+    pub after_layer: usize,
+    pub sha256: String,
+}
+
+impl HopReport {
+    pub fn list(hops: &[Hop]) -> Vec<Self> {
+        hops.iter()
+            .enumerate()
+            .map(|(hop, h)| Self {
+                hop,
+                after_layer: h.after_layer,
+                sha256: hex::encode(h.sha256),
+            })
+            .collect()
+    }
+}
+
+/// The backend of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendReport {
+    pub name: String,
+    pub adapter: Option<String>,
+}
+
+/// Everything one turn produced, as `--format json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct TurnReport {
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids only.
+    pub ids: Vec<u32>,
+    pub text: String,
+    /// Each stage's layers `[start, end)`, head first.
+    pub plan: Vec<[usize; 2]>,
+    /// Each stage's layer count, head first.
+    pub stages: Vec<usize>,
+    pub fingerprint: String,
+    pub backend: BackendReport,
+    pub precision: &'static str,
+    pub path: &'static str,
+    pub hops: Vec<HopReport>,
+    pub laps: usize,
+    pub cancelled: bool,
+    pub verify: Option<VerifyReport>,
+    pub json_complete: Option<bool>,
+    pub timings: Timings,
+    pub params: usize,
+    pub peak_rss_bytes: Option<u64>,
+}
+
+/// Each stage's layers `[start, end)`, head first.
+pub fn plan_ranges(plan: &Plan) -> Vec<[usize; 2]> {
+    plan.stages()
+        .iter()
+        .map(|s| [s.layers.start, s.layers.end])
+        .collect()
+}
+
+/// Peak resident set size of this process (`VmHWM`), when the platform reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

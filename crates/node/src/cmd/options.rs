@@ -1,0 +1,114 @@
+//! The options several subcommands share, defined once as clap types and flattened into each.
+
+use daisy_engine::{BackendChoice, PathChoice, Precision, Sampling, TurnOptions};
+
+/// `--format`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// Readable text on stdout.
+    #[default]
+    Text,
+    /// One JSON object as the last line of stdout (logs and progress go to stderr).
+    Json,
+}
+
+/// `--format text|json`.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub(crate) struct FormatArgs {
+    /// `text`, or `json`: one JSON object as the last line of stdout.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub(crate) format: Format,
+}
+
+impl FormatArgs {
+    pub(crate) fn json(self) -> bool {
+        self.format == Format::Json
+    }
+}
+
+/// How the products of a run are computed.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub(crate) struct ComputeArgs {
+    /// `int8`: every product through the verified GEMM (the product); `f32`: the reference.
+    #[arg(long, value_enum, default_value_t = Precision::Int8)]
+    pub(crate) precision: Precision,
+    /// `auto` takes the faster of the CPU kernels and a hardware GPU by measured GEMM rate (and says
+    /// so on stderr); `gpu` uses a wgpu adapter that passed the exact gates or fails; `cpu`.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub(crate) backend: BackendChoice,
+}
+
+/// The generation options of a turn (`run`, `demo`).
+#[derive(Clone, Debug, clap::Args)]
+pub(crate) struct GenerateArgs {
+    /// Render the prompt as one user message with the model's chat template.
+    #[arg(long)]
+    pub(crate) chat: bool,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) max_new_tokens: usize,
+    /// Keep generating past an end-of-sequence id: exactly `--max-new-tokens` ids.
+    #[arg(long)]
+    pub(crate) ignore_eos: bool,
+    /// 0 is greedy; above 0 each token position has its own draw from `--seed`.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) temperature: f32,
+    /// The sampling seed (used above temperature 0).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Keep the completion inside one JSON object or array: each token is chosen among the 40 most
+    /// likely that continue it, and the turn ends when the value is complete.
+    #[arg(long)]
+    pub(crate) json_output: bool,
+    /// `auto` is the cached path for every generation, on any number of stages, so a split and an
+    /// unsplit run give the same ids; `full-window` re-runs the whole window for every token.
+    #[arg(long, value_enum, default_value_t = PathChoice::Auto)]
+    pub(crate) path: PathChoice,
+}
+
+impl GenerateArgs {
+    pub(crate) fn turn_options(&self) -> TurnOptions {
+        TurnOptions {
+            max_new_tokens: self.max_new_tokens,
+            ignore_eos: self.ignore_eos,
+            sampling: Sampling {
+                temperature: self.temperature,
+                seed: self.seed,
+            },
+            path: self.path.resolve(),
+            json_output: self.json_output,
+        }
+    }
+}
+
+/// One line for a command-line error clap found (an unknown value, a missing argument), in the
+/// form every other refusal takes: `--backend `tpu`, expected auto, cpu or gpu`.
+pub(crate) fn one_line(err: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let get = |kind| match err.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => Some(v.join(", ")),
+        _ => None,
+    };
+    if err.kind() == clap::error::ErrorKind::InvalidValue
+        && let (Some(arg), Some(value)) =
+            (get(ContextKind::InvalidArg), get(ContextKind::InvalidValue))
+    {
+        let arg = arg.split_whitespace().next().unwrap_or(&arg).to_string();
+        let expected = match err.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(v)) if !v.is_empty() => {
+                let (last, rest) = v.split_last().expect("not empty");
+                if rest.is_empty() {
+                    last.clone()
+                } else {
+                    format!("{} or {last}", rest.join(", "))
+                }
+            }
+            _ => "a valid value".to_string(),
+        };
+        return format!("{arg} `{value}`, expected {expected}");
+    }
+    let rendered = err.to_string();
+    let first = rendered.lines().next().unwrap_or("invalid command line");
+    first.trim_start_matches("error: ").to_string()
+}
