@@ -4,6 +4,7 @@
 //! - `conformance`: replay real model splits and the mutation cases that must fail
 //! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
 //! - `demo`: the main job — SmolLM2 split into three stages answers a question, verified
+//! - `tidy`: the dependency invariants of `ARCHITECTURE.md`, one line per violation
 //! - `ci`: everything CI runs; green here means green in CI
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ mod bench_hub;
 mod bench_model;
 mod conformance;
 mod fixtures;
+mod tidy;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -29,7 +31,7 @@ fn main() -> ExitCode {
 }
 
 const USAGE: &str =
-    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|ci>";
+    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|tidy|ci>";
 
 fn run(args: &[String]) -> anyhow::Result<()> {
     let Some(task) = args.first() else {
@@ -42,6 +44,7 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         "bench" => bench::run(rest),
         "ci" => ci(rest),
         "demo" => demo(rest),
+        "tidy" => tidy::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -72,13 +75,32 @@ pub(crate) fn cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Everything CI checks: fixtures, formatting, lints, then every test of the workspace.
+/// `cargo metadata --format-version 1 --no-deps` of the workspace, parsed.
+pub(crate) fn metadata() -> anyhow::Result<serde_json::Value> {
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .context("could not start `cargo metadata`")?;
+    if !out.status.success() {
+        bail!(
+            "`cargo metadata` failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("parsing the output of `cargo metadata`")
+}
+
+/// Everything CI checks: fixtures, formatting, the dependency rules, lints, then every test of the
+/// workspace.
 fn ci(args: &[String]) -> anyhow::Result<()> {
     if let Some(extra) = args.first() {
         bail!("`ci` takes no arguments, got `{extra}`");
     }
     fixtures::run(&[])?;
     cmd("cargo", &["fmt", "--all", "--", "--check"])?;
+    tidy::run(&[])?;
     cmd(
         "cargo",
         &[
