@@ -5,7 +5,7 @@
 //! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
 //! - `demo`: the main job — SmolLM2 split into three stages answers a question, verified
 //! - `tidy`: the dependency invariants of `ARCHITECTURE.md`, one line per violation
-//! - `ci`: everything CI runs; green here means green in CI
+//! - `ci`: everything CI runs, ending with one line `N passed, M failed`; green here means green in CI
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 mod bench;
 mod bench_hub;
 mod bench_model;
+mod ci;
 mod conformance;
 mod fixtures;
 mod tidy;
@@ -23,12 +24,25 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is::<Reported>() => ExitCode::FAILURE,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
     }
 }
+
+/// A failure the task has already reported in full: `main` only sets the exit status.
+#[derive(Debug)]
+pub(crate) struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed (reported above)")
+    }
+}
+
+impl std::error::Error for Reported {}
 
 const USAGE: &str =
     "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|tidy|ci>";
@@ -42,7 +56,7 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         "fixtures" => fixtures::run(rest),
         "conformance" => conformance::run(rest),
         "bench" => bench::run(rest),
-        "ci" => ci(rest),
+        "ci" => ci::run(rest),
         "demo" => demo(rest),
         "tidy" => tidy::run(rest),
         "-h" | "--help" | "help" => {
@@ -61,16 +75,21 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `program args…` as one line, for echoing a command.
+pub(crate) fn quoted(program: &str, args: &[&str]) -> String {
+    format!("{program} {}", args.join(" "))
+}
+
 /// Run a command in the workspace root, failing with its name when it fails.
 pub(crate) fn cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    eprintln!("$ {program} {}", args.join(" "));
+    eprintln!("$ {}", quoted(program, args));
     let status = Command::new(program)
         .args(args)
         .current_dir(root())
         .status()
         .with_context(|| format!("could not start `{program}`"))?;
     if !status.success() {
-        bail!("`{program} {}` failed with {status}", args.join(" "));
+        bail!("`{}` failed with {status}", quoted(program, args));
     }
     Ok(())
 }
@@ -90,29 +109,6 @@ pub(crate) fn metadata() -> anyhow::Result<serde_json::Value> {
         );
     }
     serde_json::from_slice(&out.stdout).context("parsing the output of `cargo metadata`")
-}
-
-/// Everything CI checks: fixtures, formatting, the dependency rules, lints, then every test of the
-/// workspace.
-fn ci(args: &[String]) -> anyhow::Result<()> {
-    if let Some(extra) = args.first() {
-        bail!("`ci` takes no arguments, got `{extra}`");
-    }
-    fixtures::run(&[])?;
-    cmd("cargo", &["fmt", "--all", "--", "--check"])?;
-    tidy::run(&[])?;
-    cmd(
-        "cargo",
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    )?;
-    cmd("cargo", &["test", "--workspace"])
 }
 
 /// The main job on the embedded default: the SmolLM2 fixture split into three stages, every hop through
