@@ -75,9 +75,24 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `program args…` as one line, for echoing a command.
+/// `program args…` as one line quoted for a POSIX shell, so that an echoed command can be pasted.
 pub(crate) fn quoted(program: &str, args: &[&str]) -> String {
-    format!("{program} {}", args.join(" "))
+    let words = std::iter::once(program).chain(args.iter().copied());
+    // Quoting fails only on a NUL byte, which no argument of a real command holds.
+    shlex::try_join(words.clone()).unwrap_or_else(|_| words.collect::<Vec<_>>().join(" "))
+}
+
+/// Cargo's target folder: `$CARGO_TARGET_DIR` when set (relative to the current folder, as cargo
+/// reads it), otherwise the `target_directory` of `cargo metadata`.
+pub(crate) fn target_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        return std::path::absolute(&dir)
+            .with_context(|| format!("resolving CARGO_TARGET_DIR {}", Path::new(&dir).display()));
+    }
+    metadata()?["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("`cargo metadata` reported no target_directory")
 }
 
 /// Run a command in the workspace root, failing with its name when it fails.
@@ -112,7 +127,8 @@ pub(crate) fn metadata() -> anyhow::Result<serde_json::Value> {
 }
 
 /// The main job on the embedded default: the SmolLM2 fixture split into three stages, every hop through
-/// the wire and the router, the ids verified against an unsplit run on the head.
+/// the wire and the router, the ids verified against an unsplit run on the head. The node is built
+/// first with cargo's progress showing, then run straight from the target folder.
 fn demo(args: &[String]) -> anyhow::Result<()> {
     let prompt = match args {
         [] => "What are the three primary colors?",
@@ -122,15 +138,16 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
     fixtures::run(&[])?;
     let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
     let model = model.to_str().context("the workspace path is not UTF-8")?;
+    cmd("cargo", &["build", "--release", "-p", "node"])?;
+    let node = target_dir()?
+        .join("release")
+        .join(format!("node{}", std::env::consts::EXE_SUFFIX));
+    let node = node
+        .to_str()
+        .context("the target folder's path is not UTF-8")?;
     cmd(
-        "cargo",
+        node,
         &[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "node",
-            "--",
             "run",
             "--model",
             model,
@@ -139,9 +156,36 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
             prompt,
             "--stages",
             "10,10,10",
+            // Enough for the answer to end at end-of-sequence rather than mid-sentence.
             "--max-new-tokens",
-            "64",
+            "256",
             "--verify",
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn echoed_commands_paste_into_a_shell() {
+        assert_eq!(
+            quoted("cargo", &["build", "--release", "-p", "node"]),
+            "cargo build --release -p node"
+        );
+        assert_eq!(
+            quoted(
+                "/tmp/my target/release/node",
+                &[
+                    "run",
+                    "--prompt",
+                    "What's $HOME `x`?",
+                    "--stages",
+                    "10,10,10"
+                ]
+            ),
+            r#"'/tmp/my target/release/node' run --prompt "What's "'$HOME `x`?' --stages '10,10,10'"#
+        );
+    }
 }
