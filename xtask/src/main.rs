@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
 
@@ -83,8 +84,17 @@ pub(crate) fn quoted(program: &str, args: &[&str]) -> String {
 }
 
 /// Cargo's target folder: `$CARGO_TARGET_DIR` when set (relative to the current folder, as cargo
-/// reads it), otherwise the `target_directory` of `cargo metadata`.
+/// reads it), otherwise the `target_directory` of `cargo metadata`. Found once per process.
 pub(crate) fn target_dir() -> anyhow::Result<PathBuf> {
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(dir) = FOUND.get() {
+        return Ok(dir.clone());
+    }
+    let dir = find_target_dir()?;
+    Ok(FOUND.get_or_init(|| dir).clone())
+}
+
+fn find_target_dir() -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
         return std::path::absolute(&dir)
             .with_context(|| format!("resolving CARGO_TARGET_DIR {}", Path::new(&dir).display()));
