@@ -27,9 +27,7 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     crate::fixtures::run(&[])?;
     let root = crate::root();
     crate::cmd("cargo", &["build", "--release", "--quiet", "-p", "node"])?;
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), Into::into);
-    let node = target.join("release/node");
+    let node = crate::target_dir()?.join("release/node");
     let served = tempfile_dir()?;
     let org = served.join("HuggingFaceTB");
     std::fs::create_dir_all(&org)?;

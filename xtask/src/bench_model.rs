@@ -39,11 +39,12 @@ fn run_int8(root: &Path, prompt: &str, new_tokens: usize, path: &str) -> anyhow:
 }
 
 fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
-    let out = Command::new(root.join("target/release/node"))
+    let node = crate::target_dir()?.join("release/node");
+    let out = Command::new(&node)
         .args(args)
         .current_dir(root)
         .output()
-        .context("could not start target/release/node")?;
+        .with_context(|| format!("could not start {}", node.display()))?;
     if !out.status.success() {
         bail!(
             "node {} failed: {}",

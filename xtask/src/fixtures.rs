@@ -99,7 +99,10 @@ fn ensure_gguf(download: &Path, gguf: &Path) -> anyhow::Result<()> {
 
 /// Run `python3 ARGS... LAST` where LAST is a path argument.
 fn python(args: &[&str], last: &Path) -> anyhow::Result<()> {
-    eprintln!("$ python3 {} {}", args.join(" "), last.display());
+    let last_text = last.to_string_lossy();
+    let mut echoed = args.to_vec();
+    echoed.push(&last_text);
+    eprintln!("$ {}", crate::quoted("python3", &echoed));
     let status = Command::new("python3")
         .args(args)
         .arg(last)

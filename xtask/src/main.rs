@@ -4,23 +4,28 @@
 //! - `conformance`: replay real model splits and the mutation cases that must fail
 //! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
 //! - `demo`: the main job — SmolLM2 split into three stages answers a question, verified
-//! - `ci`: everything CI runs; green here means green in CI
+//! - `tidy`: the dependency invariants of `ARCHITECTURE.md`, one line per violation
+//! - `ci`: everything CI runs, ending with one line `N passed, M failed`; green here means green in CI
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use std::sync::OnceLock;
 
 use anyhow::{Context, bail};
 
 mod bench;
 mod bench_hub;
 mod bench_model;
+mod ci;
 mod conformance;
 mod fixtures;
+mod tidy;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.is::<Reported>() => ExitCode::FAILURE,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
@@ -28,8 +33,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// A failure the task has already reported in full: `main` only sets the exit status.
+#[derive(Debug)]
+pub(crate) struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed (reported above)")
+    }
+}
+
+impl std::error::Error for Reported {}
+
 const USAGE: &str =
-    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|ci>";
+    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|tidy|ci>";
 
 fn run(args: &[String]) -> anyhow::Result<()> {
     let Some(task) = args.first() else {
@@ -40,8 +57,9 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         "fixtures" => fixtures::run(rest),
         "conformance" => conformance::run(rest),
         "bench" => bench::run(rest),
-        "ci" => ci(rest),
+        "ci" => ci::run(rest),
         "demo" => demo(rest),
+        "tidy" => tidy::run(rest),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
@@ -58,43 +76,69 @@ pub(crate) fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// `program args…` as one line quoted for a POSIX shell, so that an echoed command can be pasted.
+pub(crate) fn quoted(program: &str, args: &[&str]) -> String {
+    let words = std::iter::once(program).chain(args.iter().copied());
+    // Quoting fails only on a NUL byte, which no argument of a real command holds.
+    shlex::try_join(words.clone()).unwrap_or_else(|_| words.collect::<Vec<_>>().join(" "))
+}
+
+/// Cargo's target folder: `$CARGO_TARGET_DIR` when set (relative to the current folder, as cargo
+/// reads it), otherwise the `target_directory` of `cargo metadata`. Found once per process.
+pub(crate) fn target_dir() -> anyhow::Result<PathBuf> {
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(dir) = FOUND.get() {
+        return Ok(dir.clone());
+    }
+    let dir = find_target_dir()?;
+    Ok(FOUND.get_or_init(|| dir).clone())
+}
+
+fn find_target_dir() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        return std::path::absolute(&dir)
+            .with_context(|| format!("resolving CARGO_TARGET_DIR {}", Path::new(&dir).display()));
+    }
+    metadata()?["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("`cargo metadata` reported no target_directory")
+}
+
 /// Run a command in the workspace root, failing with its name when it fails.
 pub(crate) fn cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
-    eprintln!("$ {program} {}", args.join(" "));
+    eprintln!("$ {}", quoted(program, args));
     let status = Command::new(program)
         .args(args)
         .current_dir(root())
         .status()
         .with_context(|| format!("could not start `{program}`"))?;
     if !status.success() {
-        bail!("`{program} {}` failed with {status}", args.join(" "));
+        bail!("`{}` failed with {status}", quoted(program, args));
     }
     Ok(())
 }
 
-/// Everything CI checks: fixtures, formatting, lints, then every test of the workspace.
-fn ci(args: &[String]) -> anyhow::Result<()> {
-    if let Some(extra) = args.first() {
-        bail!("`ci` takes no arguments, got `{extra}`");
+/// `cargo metadata --format-version 1 --no-deps` of the workspace, parsed.
+pub(crate) fn metadata() -> anyhow::Result<serde_json::Value> {
+    let out = Command::new("cargo")
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root())
+        .output()
+        .context("could not start `cargo metadata`")?;
+    if !out.status.success() {
+        bail!(
+            "`cargo metadata` failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
-    fixtures::run(&[])?;
-    cmd("cargo", &["fmt", "--all", "--", "--check"])?;
-    cmd(
-        "cargo",
-        &[
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-    )?;
-    cmd("cargo", &["test", "--workspace"])
+    serde_json::from_slice(&out.stdout).context("parsing the output of `cargo metadata`")
 }
 
 /// The main job on the embedded default: the SmolLM2 fixture split into three stages, every hop through
-/// the wire and the router, the ids verified against an unsplit run on the head.
+/// the wire and the router, the ids verified against an unsplit run on the head. The node is built
+/// first with cargo's progress showing, then run straight from the target folder.
 fn demo(args: &[String]) -> anyhow::Result<()> {
     let prompt = match args {
         [] => "What are the three primary colors?",
@@ -104,15 +148,16 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
     fixtures::run(&[])?;
     let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
     let model = model.to_str().context("the workspace path is not UTF-8")?;
+    cmd("cargo", &["build", "--release", "-p", "node"])?;
+    let node = target_dir()?
+        .join("release")
+        .join(format!("node{}", std::env::consts::EXE_SUFFIX));
+    let node = node
+        .to_str()
+        .context("the target folder's path is not UTF-8")?;
     cmd(
-        "cargo",
+        node,
         &[
-            "run",
-            "--release",
-            "--quiet",
-            "-p",
-            "node",
-            "--",
             "run",
             "--model",
             model,
@@ -121,9 +166,36 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
             prompt,
             "--stages",
             "10,10,10",
+            // Enough for the answer to end at end-of-sequence rather than mid-sentence.
             "--max-new-tokens",
-            "64",
+            "256",
             "--verify",
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quoted;
+
+    #[test]
+    fn echoed_commands_paste_into_a_shell() {
+        assert_eq!(
+            quoted("cargo", &["build", "--release", "-p", "node"]),
+            "cargo build --release -p node"
+        );
+        assert_eq!(
+            quoted(
+                "/tmp/my target/release/node",
+                &[
+                    "run",
+                    "--prompt",
+                    "What's $HOME `x`?",
+                    "--stages",
+                    "10,10,10"
+                ]
+            ),
+            r#"'/tmp/my target/release/node' run --prompt "What's "'$HOME `x`?' --stages '10,10,10'"#
+        );
+    }
 }
