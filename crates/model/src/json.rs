@@ -362,6 +362,35 @@ mod tests {
         r#"{"a": 1]"#,
     ];
 
+    /// JSON strings may not hold an unescaped U+0000–U+001F: every one of them, raw inside a string,
+    /// is refused as serde_json refuses it, and its escaped form is accepted as serde_json accepts it.
+    #[test]
+    fn raw_control_characters_in_strings_are_refused_like_serde_json() {
+        for c in 0u8..0x20 {
+            let raw = format!("{{\"a\": \"x{}y\"}}", c as char);
+            let oracle = serde_json::from_str::<serde_json::Value>(&raw).is_ok();
+            assert!(!oracle, "serde_json accepts raw {c:#04x}");
+            assert!(
+                !prefix_ok(&raw),
+                "raw {c:#04x} inside a string was accepted"
+            );
+            let escaped = format!("{{\"a\": \"x\\u{c:04x}y\"}}");
+            assert!(serde_json::from_str::<serde_json::Value>(&escaped).is_ok());
+            assert!(whole(&escaped), "{escaped:?} refused");
+        }
+        // Mask level: a token whose bytes put a raw newline inside a string is never allowed, its
+        // escaped spelling is.
+        let tokens = vec![
+            Some(b"{\"a\": \"x".to_vec()),
+            Some(b"\n".to_vec()),
+            Some(b"\\n".to_vec()),
+        ];
+        let mut mask = JsonMask::new(tokens);
+        mask.accept(0);
+        assert!(!mask.allows(1));
+        assert!(mask.allows(2));
+    }
+
     #[test]
     fn complete_exactly_when_serde_json_parses() {
         for doc in DOCS {

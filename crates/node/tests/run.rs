@@ -409,3 +409,33 @@ fn the_default_path_gives_the_same_ids_split_and_unsplit() {
     let last = |j: &Value| j["hops"].as_array().unwrap().last().unwrap()["sha256"].clone();
     assert_eq!(last(&unsplit), last(&split));
 }
+
+/// `--json-output` whose value is not finished at `--max-new-tokens` is a failure (one error line,
+/// non-zero exit), never an unfinished value passed off as JSON.
+#[test]
+fn json_output_unfinished_at_the_token_limit_is_an_error() {
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let out = node(&[
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        "Write a short poem about the sea as a JSON object with keys \"title\" and \"poem\".",
+        "--json-output",
+        "--max-new-tokens",
+        "6",
+        "--backend",
+        "cpu",
+        "--format",
+        "json",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: json-output: the value is not complete after --max-new-tokens 6"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "an unfinished value was printed");
+}
