@@ -288,6 +288,28 @@ fn run_json_over_a_split_matches_the_goldens() {
     );
 }
 
+/// `node run --json-output --format json` on SmolLM2 with a chat prompt, on the CPU.
+fn json_run(prompt: &str, max_new_tokens: &str, extra: &[&str]) -> Output {
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let mut args = vec![
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        prompt,
+        "--json-output",
+        "--max-new-tokens",
+        max_new_tokens,
+        "--backend",
+        "cpu",
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    node(&args)
+}
+
 /// `--json-output` (the JSON mask): SmolLM2 asked for JSON answers with one object or array that an
 /// independent parser (serde_json) accepts, split or not (`--verify` reruns it unsplit); a prompt
 /// whose likely tokens cannot start one is refused by name instead of approximated.
@@ -296,26 +318,11 @@ fn json_output_is_one_parseable_value() {
     let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
     let model = model.to_str().unwrap();
     let prompt = "Give the name and age of a fictional person as a JSON object with keys \"name\" and \"age\".";
-    let out = node(&[
-        "run",
-        "--model",
-        model,
-        "--chat",
-        "--prompt",
+    let out = json_run(
         prompt,
-        "--json-output",
-        "--max-new-tokens",
         "60",
-        "--stages",
-        "10,10,10",
-        "--path",
-        "full-window",
-        "--verify",
-        "--backend",
-        "cpu",
-        "--format",
-        "json",
-    ]);
+        &["--stages", "10,10,10", "--path", "full-window", "--verify"],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -414,22 +421,11 @@ fn the_default_path_gives_the_same_ids_split_and_unsplit() {
 /// non-zero exit), never an unfinished value passed off as JSON.
 #[test]
 fn json_output_unfinished_at_the_token_limit_is_an_error() {
-    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
-    let out = node(&[
-        "run",
-        "--model",
-        model.to_str().unwrap(),
-        "--chat",
-        "--prompt",
+    let out = json_run(
         "Write a short poem about the sea as a JSON object with keys \"title\" and \"poem\".",
-        "--json-output",
-        "--max-new-tokens",
         "6",
-        "--backend",
-        "cpu",
-        "--format",
-        "json",
-    ]);
+        &[],
+    );
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.lines().last().unwrap_or("");
