@@ -110,30 +110,28 @@ pub struct Timings {
     pub decode_tokens_per_s: f64,
 }
 
-/// Decodes ids incrementally: each new id's text, held back while it ends inside a character.
+/// Decodes ids incrementally: byte-level decoding is the concatenation of each token's bytes, so
+/// only the ids not yet shown are decoded, and they are held back while they end inside a character.
 struct TextStream<'a> {
     opened: &'a Opened,
-    ids: Vec<u32>,
-    shown: usize,
+    count: usize,
+    pending: Vec<u32>,
 }
 
 impl TextStream<'_> {
     fn push(&mut self, id: u32) -> String {
-        self.ids.push(id);
+        self.count += 1;
+        self.pending.push(id);
         let text = self
             .opened
             .tokenizer
-            .decode(&self.ids, true)
+            .decode(&self.pending, true)
             .unwrap_or_default();
-        if text.ends_with('\u{fffd}')
-            || text.len() < self.shown
-            || !text.is_char_boundary(self.shown)
-        {
+        if text.ends_with('\u{fffd}') {
             return String::new();
         }
-        let piece = text[self.shown..].to_string();
-        self.shown = text.len();
-        piece
+        self.pending.clear();
+        text
     }
 }
 
@@ -161,8 +159,8 @@ pub fn generate_turn(
     let mut prefill_s = 0.0;
     let mut stream = TextStream {
         opened,
-        ids: Vec::new(),
-        shown: 0,
+        count: 0,
+        pending: Vec::new(),
     };
     let generation = generate_streaming(
         head,
@@ -178,7 +176,7 @@ pub fn generate_turn(
             out
         },
         &mut |id| {
-            let index = stream.ids.len();
+            let index = stream.count;
             let text = stream.push(id);
             on_token(TokenEvent {
                 index,
