@@ -7,7 +7,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod control;
 mod net;
+mod rtc;
+mod signal;
 
 /// Run one Hugging Face language model across several devices.
 ///
@@ -26,8 +29,14 @@ enum Command {
     Adapters(cmd::adapters::Args),
     /// Load one stage's slice of a model (only its byte ranges) and report bytes and time.
     Fetch(cmd::fetch::Args),
+    /// Start a ring on this machine as separate processes (a head and its members) and run a prompt.
+    Demo(cmd::demo::Args),
+    /// Lead a ring: serve signaling (and a local model folder), plan, and drive the turns.
+    Head(cmd::head::Args),
     /// Show a checkpoint's config, tensor table, bytes per layer and tying; validates without computing.
     Inspect(cmd::inspect::Args),
+    /// Offer this device to a head's ring (the join URL on the command line or stdin).
+    Join(cmd::join::Args),
     /// Serve local model folders with the Hub's URL layout and range support (a LAN mirror).
     Mirror(cmd::mirror::Args),
     /// Generate from a prompt, the split of `--stages` played in one process through the real wire.
@@ -65,7 +74,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Adapters(args) => cmd::adapters::run(args),
         Command::Fetch(args) => cmd::fetch::run(args),
+        Command::Demo(args) => cmd::demo::run(args),
+        Command::Head(args) => cmd::head::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Join(args) => cmd::join::run(args),
         Command::Mirror(args) => cmd::mirror::run(args),
         Command::Run(args) => cmd::run::run(args),
         Command::Score(args) => cmd::score::run(args),

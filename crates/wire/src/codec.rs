@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::message::{activation_hash, check_activation_body};
 use crate::{
     Activation, Assignment, Cancel, Commit, DeviceId, Error, ErrorReport, Fingerprint, GemmRate,
-    Hash, Heartbeat, Hello, Message, PROTOCOL_VERSION, Placement, Plan, Positions, ProbeRequest,
-    ProbeResult, Progress, Ready, RepoId, StageSpan, Text,
+    Hash, Heartbeat, Hello, HopRecord, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
+    ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, Text, TurnStart,
 };
 
 /// Encodes a message to its postcard bytes.
@@ -65,6 +65,8 @@ enum RawMessage {
     Cancel(Cancel),
     Error(RawErrorReport),
     Heartbeat(Heartbeat),
+    Turn(TurnStart),
+    Hop(HopRecord),
 }
 
 #[derive(Deserialize)]
@@ -104,6 +106,7 @@ struct RawAssignment {
     fingerprint: Fingerprint,
     stage: usize,
     layers: Range<usize>,
+    f32: bool,
 }
 
 #[derive(Deserialize)]
@@ -166,13 +169,16 @@ impl RawMessage {
                     .collect::<Result<Vec<_>, _>>()?;
                 Message::Plan(Placement::new(plan, devices)?)
             }
-            Self::Assignment(a) => Message::Assignment(Assignment::new(
-                RepoId::parse(&a.repo)?,
-                Commit::parse(&a.commit)?,
-                a.fingerprint,
-                a.stage,
-                a.layers,
-            )?),
+            Self::Assignment(a) => Message::Assignment(
+                Assignment::new(
+                    RepoId::parse(&a.repo)?,
+                    Commit::parse(&a.commit)?,
+                    a.fingerprint,
+                    a.stage,
+                    a.layers,
+                )?
+                .with_f32(a.f32),
+            ),
             Self::Progress(p) => Message::Progress(Progress::new(p.fetched, p.total)?),
             Self::Ready(r) => Message::Ready(r),
             Self::Activation(a) => {
@@ -211,6 +217,8 @@ impl RawMessage {
                 message: Text::new(&e.message)?,
             }),
             Self::Heartbeat(h) => Message::Heartbeat(h),
+            Self::Turn(t) => Message::Turn(t),
+            Self::Hop(h) => Message::Hop(h),
         })
     }
 }

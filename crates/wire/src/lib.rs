@@ -22,7 +22,7 @@ pub use ids::{
     MAX_TEXT, ModelRef, RepoId, Revision, Text,
 };
 pub use message::{
-    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, Message, PROTOCOL_VERSION,
-    Placement, Positions, ProbeRequest, ProbeResult, Progress, Ready,
+    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, Message,
+    PROTOCOL_VERSION, Placement, Positions, ProbeRequest, ProbeResult, Progress, Ready, TurnStart,
 };
 pub use plan::{Plan, StageSpan, Violation, Violations, validate_stages};

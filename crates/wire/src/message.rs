@@ -36,6 +36,10 @@ pub enum Message {
     Error(ErrorReport),
     /// Liveness.
     Heartbeat(Heartbeat),
+    /// The head opens a turn: its number and the path its laps take.
+    Turn(TurnStart),
+    /// A member reports the hash of the hidden state it sent on the first lap of a turn.
+    Hop(HopRecord),
 }
 
 impl Message {
@@ -63,6 +67,8 @@ impl Message {
             Self::Cancel(_) => "cancel",
             Self::Error(_) => "error",
             Self::Heartbeat(_) => "heartbeat",
+            Self::Turn(_) => "turn",
+            Self::Hop(_) => "hop",
         }
     }
 }
@@ -137,7 +143,8 @@ impl Placement {
 }
 
 /// What one device must load: `layers` of the model at `repo`@`commit`, as stage `stage`
-/// (0 = the head, which also loads the embedding and lm_head).
+/// (0 = the head, which also loads the embedding and lm_head), with int8 weights through the
+/// verified GEMM or, when `f32`, the f32 reference.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Assignment {
     repo: RepoId,
@@ -145,6 +152,7 @@ pub struct Assignment {
     fingerprint: Fingerprint,
     stage: usize,
     layers: Range<usize>,
+    f32: bool,
 }
 
 impl Assignment {
@@ -165,7 +173,19 @@ impl Assignment {
             fingerprint,
             stage,
             layers,
+            f32: false,
         })
+    }
+
+    /// The same assignment with f32 reference weights (`true`) or int8 ones (`false`).
+    pub fn with_f32(mut self, f32: bool) -> Self {
+        self.f32 = f32;
+        self
+    }
+
+    /// Whether the stage holds f32 reference weights instead of int8 ones.
+    pub fn f32(&self) -> bool {
+        self.f32
     }
 
     pub fn repo(&self) -> &RepoId {
@@ -235,6 +255,24 @@ pub struct ErrorReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub seq: u64,
+}
+
+/// The start of a turn: every activation of turn `turn` runs the cached path (per-stage KV, a lap
+/// at position 0 starting a new cache) when `cached`, the full-window path otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStart {
+    pub turn: u64,
+    pub cached: bool,
+}
+
+/// What a member sent on the first lap of turn `turn` as hop `hop`: the layer after which the state
+/// was sent, and SHA-256 over its exact f32 bits (the hop hashes a report and Verify compare).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HopRecord {
+    pub turn: u64,
+    pub hop: usize,
+    pub after_layer: usize,
+    pub sha256: Hash,
 }
 
 /// Token positions the rows of an activation stand for: `start..start + count`.

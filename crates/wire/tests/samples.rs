@@ -2,8 +2,8 @@
 
 use daisy_wire::{
     Activation, Assignment, Cancel, Commit, DeviceId, ErrorReport, Fingerprint, GemmRate, Hash,
-    Heartbeat, Hello, Message, PROTOCOL_VERSION, Placement, Plan, Positions, ProbeRequest,
-    ProbeResult, Progress, Ready, RepoId, Text,
+    Heartbeat, Hello, HopRecord, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
+    ProbeRequest, ProbeResult, Progress, Ready, RepoId, Text, TurnStart,
 };
 use proptest::prelude::*;
 
@@ -105,6 +105,22 @@ pub(crate) fn all() -> Vec<(&'static str, Message)> {
             }),
         ),
         ("heartbeat", Message::Heartbeat(Heartbeat { seq: 42 })),
+        (
+            "turn",
+            Message::Turn(TurnStart {
+                turn: 7,
+                cached: true,
+            }),
+        ),
+        (
+            "hop",
+            Message::Hop(HopRecord {
+                turn: 7,
+                hop: 1,
+                after_layer: 20,
+                sha256: Hash([0x44; 32]),
+            }),
+        ),
     ]
 }
 
@@ -255,5 +271,15 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
         (proptest::option::of(any::<u64>()), text())
             .prop_map(|(turn, message)| Message::Error(ErrorReport { turn, message })),
         any::<u64>().prop_map(|seq| Message::Heartbeat(Heartbeat { seq })),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(turn, cached)| Message::Turn(TurnStart { turn, cached })),
+        (any::<u64>(), 0usize..100, 0usize..1000, digest()).prop_map(
+            |(turn, hop, after_layer, h)| Message::Hop(HopRecord {
+                turn,
+                hop,
+                after_layer,
+                sha256: Hash(h),
+            })
+        ),
     ]
 }

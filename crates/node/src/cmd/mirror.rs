@@ -70,6 +70,10 @@ enum Fault {
 
 struct Mirror {
     dir: PathBuf,
+    /// Serve only this folder, as this repo (the head serving its model to the members).
+    single: Option<(RepoId, PathBuf)>,
+    /// Answer weight files with a redirect to the second host (`false`: serve them directly).
+    redirect: bool,
     token: Option<String>,
     /// Where weight files are redirected for a request that came to a loopback address.
     redirect_host: IpAddr,
@@ -131,6 +135,8 @@ async fn serve(args: Args, token: Option<String>) -> anyhow::Result<()> {
     let cdn_addr = cdn.local_addr()?;
     let mirror = Arc::new(Mirror {
         dir: args.dir.clone(),
+        single: None,
+        redirect: true,
         token,
         redirect_host: args.redirect_host,
         cdn_port: cdn_addr.port(),
@@ -256,7 +262,11 @@ impl Mirror {
         let Ok(rev) = Revision::parse(revision) else {
             return Err(revision_not_found(revision));
         };
-        let folder = self.dir.join(repo.org()).join(repo.name());
+        let folder = match &self.single {
+            Some((only, folder)) if *only == repo => folder.clone(),
+            Some(_) => return Err(Box::new(repo_not_found())),
+            None => self.dir.join(repo.org()).join(repo.name()),
+        };
         if folder.is_dir() {
             let commit = folder_commit(&folder).map_err(|e| {
                 hub_error(
@@ -325,9 +335,31 @@ impl Mirror {
     }
 }
 
+/// The Hub's routes for one local folder served as `repo` (weight files answered directly, bytes
+/// counted per client at `/__stats`): how the head hands its model to the members.
+pub(crate) fn folder_router(repo: RepoId, folder: PathBuf) -> Router {
+    let mirror = Arc::new(Mirror {
+        dir: folder.clone(),
+        single: Some((repo, folder)),
+        redirect: false,
+        token: None,
+        redirect_host: IpAddr::from([127, 0, 0, 2]),
+        cdn_port: 0,
+        fault: None,
+        rate: None,
+        served: Mutex::new(BTreeMap::new()),
+        auth_on_redirect_host: AtomicU64::new(0),
+        answers: AtomicU64::new(0),
+    });
+    Router::new()
+        .route("/__stats", get(stats))
+        .route("/{org}/{name}/resolve/{revision}/{*file}", get(resolve))
+        .with_state(mirror)
+}
+
 /// A stable commit id for a plain folder: SHA-256 over each file's relative path, size and
 /// modification time, cut to the 40 hex digits of a git commit. Changing a file changes it.
-fn folder_commit(folder: &Path) -> anyhow::Result<String> {
+pub(crate) fn folder_commit(folder: &Path) -> anyhow::Result<String> {
     fn walk(base: &Path, dir: &Path, out: &mut Vec<(String, u64, u128)>) -> anyhow::Result<()> {
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;
@@ -436,7 +468,7 @@ async fn resolve(
         Ok(found) => found,
         Err(response) => return *response,
     };
-    if is_weight_file(&file) {
+    if mirror.redirect && is_weight_file(&file) {
         let cdn_path = if mirror.fault == Some(Fault::RedirectLoop) {
             format!("/{org}/{name}/resolve/{revision}/{file}")
         } else {

@@ -38,6 +38,27 @@ pub(crate) struct ComputeArgs {
     pub(crate) backend: BackendChoice,
 }
 
+/// The command-line spelling of a clap value.
+fn value_name(v: &impl clap::ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
+impl ComputeArgs {
+    /// These options as command-line arguments, for a child process.
+    pub(crate) fn to_args(self) -> Vec<String> {
+        let mut args = vec!["--precision".to_string(), value_name(&self.precision)];
+        args.extend(self.backend_args());
+        args
+    }
+
+    /// `--backend` alone (a member takes its precision from the head's assignment).
+    pub(crate) fn backend_args(self) -> Vec<String> {
+        vec!["--backend".to_string(), value_name(&self.backend)]
+    }
+}
+
 /// The generation options of a turn (`run`, `demo`).
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct GenerateArgs {
@@ -67,6 +88,30 @@ pub(crate) struct GenerateArgs {
 }
 
 impl GenerateArgs {
+    /// These options as command-line arguments, for a child process.
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--max-new-tokens".to_string(),
+            self.max_new_tokens.to_string(),
+            "--temperature".to_string(),
+            self.temperature.to_string(),
+            "--seed".to_string(),
+            self.seed.to_string(),
+            "--path".to_string(),
+            value_name(&self.path),
+        ];
+        for (on, flag) in [
+            (self.chat, "--chat"),
+            (self.ignore_eos, "--ignore-eos"),
+            (self.json_output, "--json-output"),
+        ] {
+            if on {
+                args.push(flag.to_string());
+            }
+        }
+        args
+    }
+
     pub(crate) fn turn_options(&self) -> TurnOptions {
         TurnOptions {
             max_new_tokens: self.max_new_tokens,

@@ -1,0 +1,182 @@
+//! `node demo`: the ring on one machine, as separate processes. It starts `node head` and one
+//! `node join` per further stage on loopback, hands each member the join URL on its stdin (never on
+//! a command line), runs the prompt with Verify, and stops every process it started — also when it
+//! fails or is interrupted.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// A local model folder in Hugging Face layout, or a repo id fetched from `$HF_ENDPOINT`.
+    #[arg(long)]
+    model: String,
+    /// Layer count of each stage, head first (default: the layers split over 3 processes).
+    #[arg(long, value_delimiter = ',')]
+    stages: Option<Vec<usize>>,
+    /// The prompt.
+    #[arg(long, default_value = "The three primary colors are")]
+    prompt: String,
+    #[command(flatten)]
+    generate: GenerateArgs,
+    #[command(flatten)]
+    compute: ComputeArgs,
+    #[command(flatten)]
+    format: FormatArgs,
+}
+
+/// Children killed when dropped, so none outlives the demo.
+struct Children(Vec<(String, Child)>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Children {
+    /// Wait up to `within` for every child to exit by itself; the rest are killed on drop.
+    fn wait_all(&mut self, within: Duration) -> Vec<(String, Option<std::process::ExitStatus>)> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::new();
+        for (name, child) in &mut self.0 {
+            let status = loop {
+                match child.try_wait() {
+                    Ok(Some(s)) => break Some(s),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    _ => break None,
+                }
+            };
+            out.push((name.clone(), status));
+        }
+        out
+    }
+}
+
+/// Even split of `n` layers over `k` stages, the remainder to the last ones.
+fn even_split(n: usize, k: usize) -> Vec<usize> {
+    (0..k)
+        .map(|i| n / k + usize::from(i >= k - n % k))
+        .collect()
+}
+
+pub(crate) fn run(args: Args) -> Result<()> {
+    let exe = std::env::current_exe().context("finding this node binary")?;
+    let n_layers = super::checkpoint(&args.model)?.config().num_layers;
+    let stages = args
+        .stages
+        .clone()
+        .unwrap_or_else(|| even_split(n_layers, 3.min(n_layers + 1)));
+    if stages.len() < 2 {
+        bail!("--stages {stages:?}: the demo needs the head and at least one member");
+    }
+    let counts = stages
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut head_args: Vec<String> = vec![
+        "head".into(),
+        "--model".into(),
+        args.model.clone(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--stages".into(),
+        counts.clone(),
+        "--prompt".into(),
+        args.prompt.clone(),
+        "--format".into(),
+        if args.format.json() { "json" } else { "text" }.into(),
+    ];
+    head_args.extend(args.generate.to_args());
+    head_args.extend(args.compute.to_args());
+    eprintln!(
+        "demo: a ring of {} processes on loopback, stages {counts}",
+        stages.len()
+    );
+    let mut children = Children(Vec::new());
+    let head = Command::new(&exe)
+        .args(&head_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the head")?;
+    children.0.push(("head".into(), head));
+    let stdout: ChildStdout = children.0[0].1.stdout.take().expect("piped");
+    let mut head_out = BufReader::new(stdout);
+    let mut first = String::new();
+    head_out
+        .read_line(&mut first)
+        .context("reading the head's join URL")?;
+    let Some(url) = first.trim().strip_prefix("join: ") else {
+        let status = children.wait_all(Duration::from_secs(5));
+        bail!(
+            "the head stopped before printing its join URL ({})",
+            status
+                .first()
+                .and_then(|(_, s)| *s)
+                .map_or("still running".to_string(), |s| s.to_string())
+        );
+    };
+    let url = url.to_string();
+    for i in 1..stages.len() {
+        let name = format!("stage-{i}");
+        let mut member = Command::new(&exe)
+            .args(["join", "--name", &name])
+            .args(args.compute.backend_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting member {name}"))?;
+        // The join URL carries the secret: it goes on stdin, never on a command line.
+        let mut stdin = member.stdin.take().expect("piped");
+        writeln!(stdin, "{url}").context("handing the join URL to a member")?;
+        drop(stdin);
+        let stderr = member.stderr.take().expect("piped");
+        let prefix = name.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[{prefix}] {line}");
+            }
+        });
+        children.0.push((name, member));
+    }
+    // The answer streams token by token: pass on whatever the head wrote, as it comes.
+    let mut out = std::io::stdout().lock();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = head_out.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        out.flush()?;
+    }
+    drop(out);
+    let statuses = children.wait_all(Duration::from_secs(10));
+    let mut failed = Vec::new();
+    for (name, status) in statuses {
+        match status {
+            Some(s) if s.success() => {}
+            Some(s) => failed.push(format!("{name} exited with {s}")),
+            None => failed.push(format!("{name} did not stop within 10 s and was killed")),
+        }
+    }
+    if !failed.is_empty() {
+        bail!("the demo's ring failed: {}", failed.join("; "));
+    }
+    eprintln!("demo: every process of the ring has stopped");
+    Ok(())
+}

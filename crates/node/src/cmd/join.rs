@@ -1,0 +1,631 @@
+//! `node join URL`: offer this device to a head's ring. It proves the ring secret to the head's
+//! signaling server, says Hello (memory, backend, measured rate, probe), runs the head's probe,
+//! fetches only the layers it is assigned (from the Hub, or from the head serving its folder),
+//! connects to its neighbours peer to peer, and then runs its layers on every activation that comes
+//! around the ring, checking each (integrity hash, fingerprint, route, finite values) before it
+//! computes and forwarding the result to the next stage. It stops when the head closes the ring.
+
+use std::collections::HashMap;
+use std::io::{BufRead, IsTerminal};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use daisy_engine::Member;
+use daisy_loader::Checkpoint;
+use daisy_model::{Precision, Stage};
+use daisy_wire::{
+    Assignment, DeviceId, ErrorReport, Fingerprint, GemmRate, Hello, HopRecord, Message,
+    PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, Text, TurnStart,
+};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+use super::options::ComputeArgs;
+use crate::control;
+use crate::rtc::{self, Link, LinkConfig, PendingOffer};
+use crate::signal::{JoinUrl, Role, Secret, Signal};
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The join URL the head printed (`http://host:port/join#secret`). Without it the URL is read
+    /// from the first line of stdin, which keeps the secret off the command line.
+    url: Option<String>,
+    /// Read the ring secret from this file when the URL carries none.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// This device's name in the ring (default: the host name and the process id).
+    #[arg(long)]
+    name: Option<String>,
+    /// A STUN server (`stun:host:port`) for devices behind NAT.
+    #[arg(long)]
+    stun: Option<String>,
+    /// Bytes of memory this device announces for weights (default: what the system has available).
+    #[arg(long)]
+    memory_limit: Option<u64>,
+    #[command(flatten)]
+    compute: ComputeArgs,
+}
+
+/// What the compute thread receives.
+enum Input {
+    Turn(TurnStart),
+    Activation(Vec<u8>),
+}
+
+fn read_join(args: &Args) -> Result<JoinUrl> {
+    let stdin = std::io::stdin();
+    let mut url = match &args.url {
+        Some(u) => JoinUrl::parse(u)?,
+        None => {
+            if stdin.is_terminal() {
+                let line = rpassword::prompt_password("join URL (input hidden): ")?;
+                JoinUrl::parse(&line)?
+            } else {
+                let mut line = String::new();
+                stdin.lock().read_line(&mut line)?;
+                JoinUrl::parse(&line).context("the join URL on stdin")?
+            }
+        }
+    };
+    if url.secret.is_none() {
+        url.secret = Some(match &args.secret_file {
+            Some(path) => Secret::parse(
+                &std::fs::read_to_string(path)
+                    .with_context(|| format!("--secret-file {}", path.display()))?,
+            )?,
+            None if stdin.is_terminal() => {
+                Secret::parse(&rpassword::prompt_password("ring secret (input hidden): ")?)?
+            }
+            None => {
+                let mut line = String::new();
+                stdin.lock().read_line(&mut line)?;
+                Secret::parse(&line).context("the ring secret on stdin")?
+            }
+        });
+    }
+    Ok(url)
+}
+
+pub(crate) fn run(args: Args) -> Result<()> {
+    let join = read_join(&args)?;
+    let device = args
+        .name
+        .clone()
+        .unwrap_or_else(control::default_device_name);
+    DeviceId::parse(&device).with_context(|| format!("--name {device}"))?;
+    let chosen = super::backend(args.compute.backend)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(member(args, join, device, chosen))
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn next_signal(ws: &mut Ws) -> Result<Option<Signal>> {
+    loop {
+        match ws.next().await {
+            None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
+            Some(Err(e)) => return Err(anyhow!("signaling connection failed: {e}")),
+            Some(Ok(WsMessage::Text(t))) => return Signal::parse(&t).map(Some),
+            Some(Ok(WsMessage::Binary(_))) => bail!("binary signaling message refused"),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn member(
+    args: Args,
+    join: JoinUrl,
+    device: String,
+    chosen: daisy_engine::ChosenBackend,
+) -> Result<()> {
+    let secret = join.secret.clone().expect("read_join sets it");
+    let backend = chosen.backend.clone();
+    let hello_probe = {
+        let backend = backend.clone();
+        tokio::task::spawn_blocking(move || control::probe(&backend, control::HELLO_PROBE_SEED))
+            .await??
+    };
+    let (mut ws, _) = tokio_tungstenite::connect_async(&join.signal)
+        .await
+        .with_context(|| format!("could not reach the head at {}", join.base))?;
+    // Links gather candidates on the address this device reached the head from.
+    let bind: IpAddr = match ws.get_ref() {
+        tokio_tungstenite::MaybeTlsStream::Plain(tcp) => tcp.local_addr()?.ip(),
+        _ => IpAddr::from([0, 0, 0, 0]),
+    };
+    let Some(Signal::Challenge { nonce }) = next_signal(&mut ws).await? else {
+        bail!("the head did not open with a challenge");
+    };
+    let auth = Signal::Auth {
+        device: device.clone(),
+        proof: secret.prove(&nonce, &device)?,
+    };
+    drop(secret);
+    ws.send(WsMessage::Text(auth.to_json().into())).await?;
+    match next_signal(&mut ws).await? {
+        Some(Signal::Welcome { .. }) => {}
+        Some(Signal::Refused { reason }) => bail!("the head refused this device: {reason}"),
+        _ => bail!("the head closed the connection without admitting this device"),
+    }
+    eprintln!("join: admitted to the ring at {} as {device}", join.base);
+    let cfg = LinkConfig {
+        bind,
+        stun: args.stun.clone(),
+    };
+
+    // Signaling runs on its own task: offers become links, handed over by role.
+    let (ws_tx, mut ws_rx) = mpsc::channel::<Signal>(16);
+    let (control_tx, control_rx) = oneshot::channel::<Link>();
+    let (up_tx, mut up_rx) = mpsc::channel::<Link>(2);
+    let (down_tx, mut down_rx) = mpsc::channel::<Link>(2);
+    let (mut sink, mut stream) = ws.split();
+    let writer = tokio::spawn(async move {
+        while let Some(s) = ws_rx.recv().await {
+            if sink
+                .send(WsMessage::Text(s.to_json().into()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        // Every sender is gone: leave with a closing handshake.
+        let _ = sink.close().await;
+    });
+    let signaling = {
+        let ws_tx = ws_tx.clone();
+        tokio::spawn(async move {
+            let mut control_tx = Some(control_tx);
+            let mut pending: HashMap<u64, PendingOffer> = HashMap::new();
+            loop {
+                let signal = match stream.next().await {
+                    None | Some(Ok(WsMessage::Close(_))) | Some(Err(_)) => break,
+                    Some(Ok(WsMessage::Text(t))) => match Signal::parse(&t) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("join: {e:#}");
+                            break;
+                        }
+                    },
+                    Some(Ok(_)) => continue,
+                };
+                match signal {
+                    Signal::Offer {
+                        link,
+                        peer,
+                        role,
+                        sdp,
+                    } => {
+                        let (answering, answer) = match rtc::answer(&cfg, &sdp).await {
+                            Ok(a) => a,
+                            Err(e) => {
+                                eprintln!("join: answering link {link}: {e:#}");
+                                continue;
+                            }
+                        };
+                        let _ = ws_tx
+                            .send(Signal::Answer {
+                                link,
+                                peer,
+                                sdp: answer,
+                            })
+                            .await;
+                        let control = match role {
+                            Role::Control => control_tx.take(),
+                            Role::Ring => None,
+                        };
+                        let up = up_tx.clone();
+                        tokio::spawn(async move {
+                            match answering.connected().await {
+                                Ok(l) => match control {
+                                    Some(tx) => {
+                                        let _ = tx.send(l);
+                                    }
+                                    None => {
+                                        let _ = up.send(l).await;
+                                    }
+                                },
+                                Err(e) => eprintln!("join: link {link}: {e:#}"),
+                            }
+                        });
+                    }
+                    Signal::Connect { link, peer } => match rtc::offer(&cfg).await {
+                        Ok((offering, sdp)) => {
+                            pending.insert(link, offering);
+                            let _ = ws_tx
+                                .send(Signal::Offer {
+                                    link,
+                                    peer,
+                                    role: Role::Ring,
+                                    sdp,
+                                })
+                                .await;
+                        }
+                        Err(e) => eprintln!("join: offering link {link}: {e:#}"),
+                    },
+                    Signal::Answer { link, sdp, .. } => {
+                        let Some(offering) = pending.remove(&link) else {
+                            eprintln!(
+                                "join: an answer for link {link}, which this device did not offer"
+                            );
+                            continue;
+                        };
+                        let down = down_tx.clone();
+                        tokio::spawn(async move {
+                            match offering.accept(&sdp).await {
+                                Ok(l) => {
+                                    let _ = down.send(l).await;
+                                }
+                                Err(e) => eprintln!("join: link {link}: {e:#}"),
+                            }
+                        });
+                    }
+                    other => eprintln!("join: unexpected signal {other:?}"),
+                }
+            }
+        })
+    };
+
+    let control = Arc::new(
+        tokio::time::timeout(Duration::from_secs(30), control_rx)
+            .await
+            .map_err(|_| anyhow!("the head opened no control link within 30 s"))?
+            .map_err(|_| anyhow!("the head closed the connection before the control link"))?,
+    );
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        device: DeviceId::parse(&device)?,
+        memory_bytes: control::memory_bytes(args.memory_limit),
+        backend: Text::new(&match &chosen.adapter {
+            Some(a) => format!("{}: {a}", backend.name()),
+            None => backend.name().to_string(),
+        })?,
+        gemm_rate: GemmRate::new(hello_probe.1)?,
+        probe_hash: hello_probe.0,
+        software: Text::new(env!("CARGO_PKG_VERSION"))?,
+    };
+    control::send(&control, &Message::Hello(hello)).await?;
+
+    let result = serve_ring(&control, &backend, &device, &join, &mut up_rx, &mut down_rx).await;
+    if let Err(e) = &result {
+        let report = Message::Error(ErrorReport {
+            turn: None,
+            message: Text::new(&truncate(&format!("{e:#}"), 200))
+                .unwrap_or_else(|_| Text::new("failed").expect("plain text")),
+        });
+        let _ = control::send(&control, &report).await;
+    }
+    control.close().await;
+    signaling.abort();
+    let _ = signaling.await;
+    drop(ws_tx);
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+    result
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    let clean: String = s.chars().filter(|c| !c.is_control()).collect();
+    clean.chars().take(n).collect()
+}
+
+async fn serve_ring(
+    control: &Arc<Link>,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    device: &str,
+    join: &JoinUrl,
+    up_rx: &mut mpsc::Receiver<Link>,
+    down_rx: &mut mpsc::Receiver<Link>,
+) -> Result<()> {
+    let mut placement: Option<Placement> = None;
+    // Until assigned: answer probes, take the plan.
+    let assignment: Assignment = loop {
+        match control::recv(control).await? {
+            None => {
+                eprintln!("join: the head closed the ring before assigning layers");
+                return Ok(());
+            }
+            Some(Message::ProbeRequest(p)) => {
+                let backend = backend.clone();
+                let (hash, rate) =
+                    tokio::task::spawn_blocking(move || control::probe(&backend, p.seed)).await??;
+                let result = ProbeResult {
+                    seed: p.seed,
+                    hash,
+                    gemm_rate: GemmRate::new(rate)?,
+                };
+                control::send(control, &Message::ProbeResult(result)).await?;
+            }
+            Some(Message::Plan(p)) => placement = Some(p),
+            Some(Message::Assignment(a)) => break a,
+            Some(other) => eprintln!("join: ignored {} before the assignment", other.kind()),
+        }
+    };
+    let placement = placement.context("the head assigned layers before sending the plan")?;
+    let index = assignment.stage();
+    if placement.stage_of(&DeviceId::parse(device)?) != Some(index) || index == 0 {
+        bail!("the assignment names stage {index}, which the plan does not give this device");
+    }
+    let plan = placement.plan().clone();
+    if plan.stages()[index].layers != assignment.layers() {
+        bail!("the assignment's layers differ from the plan's for stage {index}");
+    }
+    eprintln!(
+        "join: stage {index} of {}: layers {}..{} of {}@{}",
+        plan.len(),
+        assignment.layers().start,
+        assignment.layers().end,
+        assignment.repo(),
+        &assignment.commit().as_str()[..12]
+    );
+
+    // Load: only this stage's byte ranges, progress reported to the head.
+    let (progress_tx, mut progress_rx) = mpsc::channel::<(u64, u64)>(8);
+    let mut load = {
+        let backend = backend.clone();
+        let assignment = assignment.clone();
+        let base = join.base.clone();
+        let device = device.to_string();
+        tokio::task::spawn_blocking(move || {
+            load(&base, &device, &assignment, &backend, progress_tx)
+        })
+    };
+    let stage = loop {
+        tokio::select! {
+            Some((fetched, total)) = progress_rx.recv() => {
+                if let Ok(p) = Progress::new(fetched.min(total), total) {
+                    control::send(control, &Message::Progress(p)).await?;
+                }
+            }
+            done = &mut load => break done??,
+        }
+    };
+    let fingerprint = Fingerprint(stage.fingerprint());
+    if fingerprint != *assignment.fingerprint() {
+        bail!(
+            "the fetched slice is of another model: fingerprint {} where the head expects {}",
+            hex::encode(&fingerprint.0[..8]),
+            hex::encode(&assignment.fingerprint().0[..8])
+        );
+    }
+    let up = tokio::time::timeout(Duration::from_secs(30), up_rx.recv())
+        .await
+        .map_err(|_| anyhow!("the previous stage did not connect within 30 s"))?
+        .context("signaling closed before the previous stage connected")?;
+    let down = tokio::time::timeout(Duration::from_secs(30), down_rx.recv())
+        .await
+        .map_err(|_| anyhow!("the link to the next stage did not open within 30 s"))?
+        .context("signaling closed before the next stage connected")?;
+    control::send(control, &Message::Ready(Ready { fingerprint })).await?;
+    eprintln!("join: ready; waiting for activations");
+
+    // Compute on a thread of its own; the links feed it and forward what it sends.
+    let (input_tx, input_rx) = std::sync::mpsc::channel::<Input>();
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(4);
+    let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
+    let (fail_tx, mut fail_rx) = mpsc::channel::<String>(2);
+    let link_fail = fail_tx.clone();
+    let worker = std::thread::Builder::new()
+        .name(format!("stage-{index}"))
+        .spawn({
+            let fail_tx = fail_tx.clone();
+            move || compute(plan, index, stage, input_rx, out_tx, hop_tx, fail_tx)
+        })?;
+    let down = Arc::new(down);
+    let up = Arc::new(up);
+    {
+        let input_tx = input_tx.clone();
+        let up = up.clone();
+        let fail = fail_tx.clone();
+        tokio::spawn(async move {
+            // A closed link ends quietly (the head notices the lap that does not come back); a
+            // refused frame ends the member with the refusal.
+            while let Some(msg) = up.recv().await {
+                match msg {
+                    Ok(bytes) => {
+                        if input_tx.send(Input::Activation(bytes)).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = fail
+                            .send(format!("the link from the previous stage: {e:#}"))
+                            .await;
+                        break;
+                    }
+                }
+            }
+        });
+    }
+    let forward = {
+        let down = down.clone();
+        let fail = link_fail;
+        tokio::spawn(async move {
+            while let Some(bytes) = out_rx.recv().await {
+                if let Err(e) = down.send(&bytes).await {
+                    let _ = fail
+                        .send(format!("the link to the next stage: {e:#}"))
+                        .await;
+                    break;
+                }
+            }
+        })
+    };
+    let outcome = loop {
+        tokio::select! {
+            msg = control::recv(control) => match msg {
+                Ok(Some(Message::Turn(t))) => {
+                    let _ = input_tx.send(Input::Turn(t));
+                }
+                Ok(Some(Message::Cancel(_))) => {}
+                Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
+                Ok(None) => {
+                    eprintln!("join: the head closed the ring");
+                    break Ok(());
+                }
+                Err(e) => break Err(e.context("the control link")),
+            },
+            Some(hop) = hop_rx.recv() => {
+                control::send(control, &Message::Hop(hop)).await?;
+            }
+            Some(why) = fail_rx.recv() => break Err(anyhow!(why)),
+        }
+    };
+    drop(input_tx);
+    forward.abort();
+    down.close().await;
+    up.close().await;
+    let _ = worker.join();
+    outcome
+}
+
+/// Fetch and build this device's stage.
+fn load(
+    base: &str,
+    device: &str,
+    assignment: &Assignment,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    progress: mpsc::Sender<(u64, u64)>,
+) -> Result<Stage> {
+    // A repo id comes from `$HF_ENDPOINT` (the Hub); a local folder of the head's from the head.
+    let endpoint = if assignment.repo().org() == "local" {
+        base.to_string()
+    } else {
+        std::env::var("HF_ENDPOINT")
+            .ok()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| "https://huggingface.co".to_string())
+    };
+    let client = Arc::new(
+        daisy_loader::hub::HubClient::new(&endpoint)?
+            .with_client_id(device)
+            .with_token_provider(Arc::new(super::TerminalToken)),
+    );
+    let model = format!("{}@{}", assignment.repo(), assignment.commit());
+    let checkpoint = Checkpoint::open_with(&model, Some(client.clone()))
+        .with_context(|| format!("opening {model} from {endpoint}"))?;
+    let config = checkpoint.config().clone();
+    let layers = assignment.layers();
+    if layers.end > config.num_layers {
+        bail!(
+            "assigned layers {layers:?}, but the model has {}",
+            config.num_layers
+        );
+    }
+    let names: Vec<&str> = layers
+        .clone()
+        .flat_map(|l| checkpoint.layer_tensors(l))
+        .map(|t| t.name.as_str())
+        .collect();
+    let total: u64 = names
+        .iter()
+        .filter_map(|n| checkpoint.tensor(n))
+        .map(|t| t.byte_len)
+        .sum();
+    let start = client.fetched();
+    let bar = super::fetch::progress_bar(&client, total, "fetching");
+    {
+        let bar = bar.clone();
+        client.set_progress(Arc::new(move |fetched| {
+            let done = fetched.saturating_sub(start);
+            bar.set_position(done);
+            let _ = progress.try_send((done, total));
+        }));
+    }
+    let t0 = Instant::now();
+    checkpoint.prefetch(&names);
+    let precision = if assignment.f32() {
+        Precision::F32
+    } else {
+        Precision::Int8
+    };
+    let mut stage = Stage::load(&checkpoint, &config, layers.clone(), false, precision)
+        .with_context(|| format!("loading layers {layers:?}"))?;
+    bar.finish_and_clear();
+    stage.set_backend(backend.clone());
+    eprintln!(
+        "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s",
+        client.fetched(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(stage)
+}
+
+/// The compute thread: every activation waits for its turn's start, then runs through this stage.
+fn compute(
+    plan: daisy_wire::Plan,
+    index: usize,
+    stage: Stage,
+    input: std::sync::mpsc::Receiver<Input>,
+    out: mpsc::Sender<Vec<u8>>,
+    hops: mpsc::Sender<HopRecord>,
+    fail: mpsc::Sender<String>,
+) {
+    let mut member = Member::new(&plan, index, &stage);
+    let mut turns: HashMap<u64, bool> = HashMap::new();
+    let mut waiting: Vec<Vec<u8>> = Vec::new();
+    let mut step = |bytes: &[u8], turn: u64, cached: bool| -> Result<()> {
+        let sent = member.step(bytes, cached)?;
+        if let Some(hop) = &sent.hop {
+            let _ = hops.blocking_send(HopRecord {
+                turn,
+                hop: index,
+                after_layer: hop.after_layer,
+                sha256: daisy_wire::Hash(hop.sha256),
+            });
+        }
+        out.blocking_send(sent.bytes)
+            .map_err(|_| anyhow!("the link to the next stage closed"))
+    };
+    while let Ok(msg) = input.recv() {
+        let result = match msg {
+            Input::Turn(t) => {
+                turns.insert(t.turn, t.cached);
+                let held = std::mem::take(&mut waiting);
+                held.into_iter()
+                    .try_for_each(|b| dispatch(&b, &turns, &mut waiting, &mut step))
+            }
+            Input::Activation(bytes) => dispatch(&bytes, &turns, &mut waiting, &mut step),
+        };
+        if let Err(e) = result {
+            let _ = fail.blocking_send(format!("stage {index}: {e:#}"));
+            return;
+        }
+    }
+}
+
+/// One step of the stage: the activation's bytes, its turn, whether the turn is cached.
+type Step<'a> = dyn FnMut(&[u8], u64, bool) -> Result<()> + 'a;
+
+/// Run `bytes` when its turn has started, else hold it (its turn's start is on another link).
+fn dispatch(
+    bytes: &[u8],
+    turns: &HashMap<u64, bool>,
+    waiting: &mut Vec<Vec<u8>>,
+    step: &mut Step<'_>,
+) -> Result<()> {
+    let turn = turn_of(bytes)?;
+    match turns.get(&turn) {
+        Some(&cached) => step(bytes, turn, cached),
+        None if waiting.len() < 4 => {
+            waiting.push(bytes.to_vec());
+            Ok(())
+        }
+        None => bail!("activations of turn {turn}, which the head never started"),
+    }
+}
+
+/// The turn an activation's bytes belong to (the full check happens in the step).
+fn turn_of(bytes: &[u8]) -> Result<u64> {
+    match daisy_wire::decode(bytes)? {
+        Message::Activation(a) => Ok(a.turn()),
+        other => bail!("expected an activation on the ring, got {}", other.kind()),
+    }
+}

@@ -1,0 +1,234 @@
+//! Signaling between the head and the members: JSON messages over the head's WebSocket (`/ring`),
+//! the ring secret proved without being sent, and the session descriptions of every link relayed.
+//!
+//! A member connects; the head sends a fresh nonce; the member answers with its device name and
+//! HMAC-SHA256 of the nonce under the ring secret. The head compares in constant time and refuses a
+//! wrong proof before any WebRTC is set up. The secret itself never crosses the wire, never enters a
+//! URL the node builds, a log or a file, and is wiped from memory when dropped.
+
+use std::fmt;
+
+use anyhow::{Context, Result, bail};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use zeroize::Zeroizing;
+
+/// Largest signaling message accepted (a session description with its candidates is a few KiB).
+pub(crate) const MAX_SIGNAL_BYTES: usize = 64 * 1024;
+/// Domain tag of the join proof.
+const PROOF_TAG: &[u8] = b"daisy-join-v1";
+/// The device name the head goes by in signaling.
+pub(crate) const HEAD: &str = "head";
+
+/// One signaling message. Unknown fields and types are refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Signal {
+    /// Head → member: prove the secret over this nonce (hex, 32 bytes).
+    Challenge { nonce: String },
+    /// Member → head: its device name and the proof (hex HMAC-SHA256).
+    Auth { device: String, proof: String },
+    /// Head → member: admitted, under this device name.
+    Welcome { device: String },
+    /// Head → member: refused, and why (the connection closes after it).
+    Refused { reason: String },
+    /// Head → member: open link `link` to `peer`, this member sending on it.
+    Connect { link: u64, peer: String },
+    /// A session offer for link `link`; `peer` is the other end (the addressee when a member sends
+    /// it, the sender when the head relays it).
+    Offer {
+        link: u64,
+        peer: String,
+        role: Role,
+        sdp: String,
+    },
+    /// The answer to an offer, `peer` read the same way.
+    Answer {
+        link: u64,
+        peer: String,
+        sdp: String,
+    },
+}
+
+impl Signal {
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("signals serialize")
+    }
+
+    /// Parse one message, refusing oversized or malformed ones by name.
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        if text.len() > MAX_SIGNAL_BYTES {
+            bail!(
+                "signaling message of {} bytes, at most {MAX_SIGNAL_BYTES} accepted",
+                text.len()
+            );
+        }
+        serde_json::from_str(text).context("malformed signaling message")
+    }
+}
+
+/// What a link carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Role {
+    /// The head's control channel to one member (hello, probe, plan, progress, turns, hops).
+    Control,
+    /// One leg of the ring: activations from the offerer to the answerer.
+    Ring,
+}
+
+/// The ring secret: at least 128 random bits, shown once in the join URL and otherwise only held.
+#[derive(Clone)]
+pub(crate) struct Secret(Zeroizing<String>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([hidden])")
+    }
+}
+
+impl Secret {
+    /// 128 fresh random bits, as 32 hex digits.
+    pub(crate) fn random() -> Self {
+        let bytes: [u8; 16] = rand::random();
+        Self(Zeroizing::new(hex::encode(bytes)))
+    }
+
+    /// A secret given by the user: refused when shorter than 32 characters (128 bits of hex), or
+    /// when it holds characters that a URL fragment would have to escape.
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        if text.len() < 32 {
+            bail!(
+                "the ring secret has {} characters, expected at least 32 (128 bits as hex)",
+                text.len()
+            );
+        }
+        if !text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b))
+        {
+            bail!("the ring secret may hold only letters, digits and - _ . ~");
+        }
+        Ok(Self(Zeroizing::new(text.to_string())))
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
+    fn mac(&self, nonce: &[u8], device: &str) -> Hmac<Sha256> {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(self.0.as_bytes()).expect("HMAC takes any key length");
+        mac.update(PROOF_TAG);
+        mac.update(&(nonce.len() as u64).to_le_bytes());
+        mac.update(nonce);
+        mac.update(device.as_bytes());
+        mac
+    }
+
+    /// The proof a member sends for `nonce` under its device name.
+    pub(crate) fn prove(&self, nonce: &str, device: &str) -> Result<String> {
+        let nonce = hex::decode(nonce).context("the head's nonce is not hex")?;
+        Ok(hex::encode(
+            self.mac(&nonce, device).finalize().into_bytes(),
+        ))
+    }
+
+    /// Whether `proof` is the proof of `nonce` and `device` (compared in constant time).
+    pub(crate) fn check(&self, nonce: &[u8], device: &str, proof: &str) -> bool {
+        let Ok(proof) = hex::decode(proof) else {
+            return false;
+        };
+        self.mac(nonce, device).verify_slice(&proof).is_ok()
+    }
+}
+
+/// A fresh challenge nonce.
+pub(crate) fn nonce() -> [u8; 32] {
+    rand::random()
+}
+
+/// A join URL split into the head's address and the secret its fragment carries.
+pub(crate) struct JoinUrl {
+    /// `ws://host:port/ring`.
+    pub(crate) signal: String,
+    /// `http://host:port/` (the head's own server, which also serves its model folder).
+    pub(crate) base: String,
+    pub(crate) secret: Option<Secret>,
+}
+
+impl JoinUrl {
+    /// `http://host:port[/join]#secret` (the fragment is optional: the secret can come separately).
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let text = text.trim();
+        let (url, fragment) = match text.split_once('#') {
+            Some((u, f)) => (u, Some(f)),
+            None => (text, None),
+        };
+        let Some(rest) = url.strip_prefix("http://") else {
+            bail!("the join URL must start with http:// (the head prints it when it starts)");
+        };
+        let authority = rest.split('/').next().unwrap_or("");
+        if authority.is_empty() || authority.contains(['@', '?']) {
+            bail!("the join URL names no head address");
+        }
+        authority
+            .parse::<axum::http::uri::Authority>()
+            .context("the join URL's address is not host:port")?;
+        let secret = match fragment {
+            Some(f) if !f.is_empty() => Some(Secret::parse(f)?),
+            _ => None,
+        };
+        Ok(Self {
+            signal: format!("ws://{authority}/ring"),
+            base: format!("http://{authority}/"),
+            secret,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proof_checks_only_under_the_same_secret_nonce_and_device() {
+        let secret = Secret::random();
+        let other = Secret::random();
+        let n = nonce();
+        let proof = secret.prove(&hex::encode(n), "peer-a").unwrap();
+        assert!(secret.check(&n, "peer-a", &proof));
+        assert!(!other.check(&n, "peer-a", &proof));
+        assert!(!secret.check(&n, "peer-b", &proof));
+        assert!(!secret.check(&nonce(), "peer-a", &proof));
+        assert!(!secret.check(&n, "peer-a", "zz"));
+    }
+
+    #[test]
+    fn signals_refuse_unknown_fields_and_types() {
+        assert!(Signal::parse(r#"{"type":"welcome","device":"a"}"#).is_ok());
+        assert!(Signal::parse(r#"{"type":"welcome","device":"a","x":1}"#).is_err());
+        assert!(Signal::parse(r#"{"type":"launch"}"#).is_err());
+        assert!(Signal::parse("not json").is_err());
+        assert!(Signal::parse(&"x".repeat(MAX_SIGNAL_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn join_urls_carry_the_secret_in_the_fragment_only() {
+        let s = "0123456789abcdef0123456789abcdef";
+        let url = JoinUrl::parse(&format!("http://127.0.0.1:8788/join#{s}")).unwrap();
+        assert_eq!(url.signal, "ws://127.0.0.1:8788/ring");
+        assert_eq!(url.secret.unwrap().expose(), s);
+        assert!(
+            JoinUrl::parse("http://127.0.0.1:8788")
+                .unwrap()
+                .secret
+                .is_none()
+        );
+        assert!(JoinUrl::parse("ftp://x:1#aaaa").is_err());
+        assert!(JoinUrl::parse("http://127.0.0.1:8788#short").is_err());
+        assert!(format!("{:?}", Secret::parse(s).unwrap()).contains("hidden"));
+    }
+}

@@ -1,0 +1,293 @@
+//! The ring across processes: `node head` and `node join` as separate processes talking real WebRTC
+//! on loopback, compared with the independent oracle of the same split played in one process
+//! (`node run --stages`): the same ids and the same hash of every hop, and Verify's match.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+fn smollm2() -> PathBuf {
+    root().join("target/fixtures/SmolLM2-135M-Instruct")
+}
+
+fn essay_prompt() -> String {
+    let essay = std::fs::read_to_string(root().join("fixtures/text/essay.txt")).unwrap();
+    essay.chars().take(400).collect()
+}
+
+fn node(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(args)
+        .output()
+        .expect("node runs")
+}
+
+fn last_json(stdout: &str) -> Value {
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON on the last line")
+}
+
+/// Every process a test starts, killed when the test ends however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a ring run left: the head's stdout and stderr, each member's stderr, and exit codes.
+struct RingRun {
+    head_ok: bool,
+    head_out: String,
+    head_err: String,
+    members_ok: Vec<bool>,
+    members_err: Vec<String>,
+    join_url: String,
+}
+
+impl RingRun {
+    fn report(&self) -> Value {
+        assert!(
+            self.head_ok,
+            "the head failed:\n{}\nmembers:\n{}",
+            self.head_err,
+            self.members_err.join("\n---\n")
+        );
+        last_json(&self.head_out)
+    }
+}
+
+fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+/// Start a head on `model` with `head_args`, then one member per entry of `members` (each given the
+/// join URL on stdin, or the URL with `secret` put in place of the head's), and wait for all.
+fn ring(model: &Path, head_args: &[&str], members: &[Option<&str>]) -> RingRun {
+    let mut procs = Procs(Vec::new());
+    let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["head", "--model"])
+        .arg(model)
+        .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
+        .args(head_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the head starts");
+    let mut out = BufReader::new(head.stdout.take().unwrap());
+    let head_err = read_all(head.stderr.take().unwrap());
+    procs.0.push(head);
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let join_url = first
+        .trim()
+        .strip_prefix("join: ")
+        .unwrap_or_else(|| panic!("no join URL, got {first:?}"))
+        .to_string();
+    let mut member_errs = Vec::new();
+    for (i, secret) in members.iter().enumerate() {
+        let url = match secret {
+            None => join_url.clone(),
+            Some(s) => format!("{}#{s}", join_url.split('#').next().unwrap()),
+        };
+        let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
+            .args(["join", "--backend", "cpu", "--name", &format!("member-{i}")])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("a member starts");
+        writeln!(m.stdin.take().unwrap(), "{url}").unwrap();
+        member_errs.push(read_all(m.stderr.take().unwrap()));
+        procs.0.push(m);
+    }
+    let head_out = {
+        let mut s = String::new();
+        out.read_to_string(&mut s).unwrap();
+        s
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut codes = Vec::new();
+    for c in &mut procs.0 {
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        codes.push(status.is_some_and(|s| s.success()));
+    }
+    drop(procs);
+    RingRun {
+        head_ok: codes[0],
+        head_out,
+        head_err: head_err.join().unwrap(),
+        members_ok: codes[1..].to_vec(),
+        members_err: member_errs.into_iter().map(|h| h.join().unwrap()).collect(),
+        join_url,
+    }
+}
+
+/// The oracle: the same split in one process, every hop through the same wire.
+fn one_process(model: &Path, stages: &str, prompt: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run",
+        "--model",
+        model.to_str().unwrap(),
+        "--stages",
+        stages,
+        "--prompt",
+        prompt,
+        "--backend",
+        "cpu",
+        "--format",
+        "json",
+    ];
+    args.extend(extra);
+    let out = node(&args);
+    assert!(
+        out.status.success(),
+        "node run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    last_json(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The ids and the hops (layer and hash of each) of a report.
+fn ids_and_hops(v: &Value) -> (Value, Vec<(u64, String)>) {
+    let hops = v["hops"]
+        .as_array()
+        .expect("hops")
+        .iter()
+        .map(|h| {
+            (
+                h["after_layer"].as_u64().unwrap(),
+                h["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (v["ids"].clone(), hops)
+}
+
+fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path: &str) {
+    let generate = ["--max-new-tokens", "8", "--ignore-eos", "--path", path];
+    let mut head_args = vec!["--stages", stages, "--prompt", prompt, "--format", "json"];
+    head_args.extend(generate);
+    let n_members = stages.split(',').count() - 1;
+    let run = ring(model, &head_args, &vec![None; n_members]);
+    let report = run.report();
+    assert!(
+        run.members_ok.iter().all(|ok| *ok),
+        "a member failed: {:?}",
+        run.members_err
+    );
+    let oracle = one_process(model, stages, prompt, &generate);
+    let (ids, hops) = ids_and_hops(&report);
+    assert_eq!(ids.as_array().unwrap().len(), 8, "{path}");
+    assert_eq!((ids.clone(), hops.clone()), ids_and_hops(&oracle), "{path}");
+    assert_eq!(hops.len(), n_members + 1, "one hop per stage");
+    assert_eq!(
+        report["verify"]["match"], true,
+        "{path}: {}",
+        report["verify"]
+    );
+    assert_eq!(report["devices"].as_array().unwrap().len(), n_members + 1);
+    assert_eq!(report["path"], path);
+    // The mutation: another split's hops are not these (the comparison can fail).
+    let other: Vec<usize> = {
+        let n: Vec<usize> = stages.split(',').map(|s| s.parse().unwrap()).collect();
+        let total: usize = n.iter().sum();
+        vec![n[0], total - n[0]]
+    };
+    let other = one_process(
+        model,
+        &format!("{},{}", other[0], other[1]),
+        prompt,
+        &generate,
+    );
+    assert_ne!(
+        ids_and_hops(&other).1,
+        hops,
+        "a different split must not compare equal"
+    );
+    // The secret is shown once, on the head's stdout; no log carries it.
+    let secret = run.join_url.split('#').nth(1).unwrap();
+    assert!(!run.head_err.contains(secret));
+    assert!(run.members_err.iter().all(|e| !e.contains(secret)));
+}
+
+#[test]
+fn three_processes_full_window_give_the_ids_and_hop_hashes_of_one_process() {
+    check_ring_matches_one_process(&smollm2(), "10,10,10", &essay_prompt(), "full-window");
+}
+
+#[test]
+fn three_processes_cached_give_the_ids_and_hop_hashes_of_one_process() {
+    check_ring_matches_one_process(&smollm2(), "10,10,10", &essay_prompt(), "cached");
+}
+
+#[test]
+fn a_head_of_zero_layers_over_three_processes() {
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    for path in ["full-window", "cached"] {
+        check_ring_matches_one_process(&gpt2, "0,2,1", "Hello there, ring", path);
+    }
+}
+
+#[test]
+fn a_member_without_the_secret_is_refused_at_signaling() {
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let wrong = "00000000000000000000000000000000";
+    let run = ring(
+        &gpt2,
+        &[
+            "--stages",
+            "1,2",
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "3",
+            "--format",
+            "json",
+        ],
+        &[Some(wrong), None],
+    );
+    assert!(
+        !run.members_ok[0],
+        "the member with a wrong secret must fail"
+    );
+    assert!(
+        run.members_err[0].contains("the head refused this device: wrong ring secret"),
+        "{}",
+        run.members_err[0]
+    );
+    assert!(
+        !run.members_err[0].contains("admitted"),
+        "{}",
+        run.members_err[0]
+    );
+    assert!(run.head_err.contains("refused: wrong ring secret"));
+    // The head went on: the member with the secret joined and the turn was verified.
+    let report = run.report();
+    assert_eq!(report["verify"]["match"], true);
+    assert_eq!(report["devices"][1], "member-1");
+    assert!(run.members_ok[1], "{}", run.members_err[1]);
+}
