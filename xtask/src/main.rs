@@ -3,7 +3,7 @@
 //! - `fixtures`: build `target/fixtures/` (cached; a second run does no work)
 //! - `conformance`: replay real model splits and the mutation cases that must fail
 //! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
-//! - `demo`: the main job — SmolLM2 split into three stages answers a question, verified
+//! - `demo`: the main job — SmolLM2 on a ring of three processes answers a question, verified
 //! - `tidy`: the dependency invariants of `ARCHITECTURE.md`, one line per violation
 //! - `ci`: everything CI runs, ending with one line `N passed, M failed`; green here means green in CI
 
@@ -136,8 +136,9 @@ pub(crate) fn metadata() -> anyhow::Result<serde_json::Value> {
     serde_json::from_slice(&out.stdout).context("parsing the output of `cargo metadata`")
 }
 
-/// The main job on the embedded default: the SmolLM2 fixture split into three stages, every hop through
-/// the wire and the router, the ids verified against an unsplit run on the head. The node is built
+/// The main job on the embedded default: the SmolLM2 fixture on a real ring of three processes on
+/// loopback (`node demo`: a head and two members joined over WebRTC, each holding a third of the
+/// layers), the answer streamed and verified against an unsplit run on the head. The node is built
 /// first with cargo's progress showing, then run straight from the target folder.
 fn demo(args: &[String]) -> anyhow::Result<()> {
     let prompt = match args {
@@ -158,7 +159,7 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
     cmd(
         node,
         &[
-            "run",
+            "demo",
             "--model",
             model,
             "--chat",
@@ -169,7 +170,6 @@ fn demo(args: &[String]) -> anyhow::Result<()> {
             // Enough for the answer to end at end-of-sequence rather than mid-sentence.
             "--max-new-tokens",
             "256",
-            "--verify",
         ],
     )
 }
