@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+mod common;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -133,24 +135,6 @@ fn stats(url: &str) -> serde_json::Value {
 }
 
 /// The data-section bytes of every tensor, read from the safetensors header by this test itself.
-fn tensor_bytes(file: &Path) -> std::collections::BTreeMap<String, u64> {
-    let mut f = std::fs::File::open(file).unwrap();
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).unwrap();
-    let mut header = vec![0u8; u64::from_le_bytes(len) as usize];
-    f.read_exact(&mut header).unwrap();
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(&header).unwrap();
-    header
-        .into_iter()
-        .filter(|(k, _)| k != "__metadata__")
-        .map(|(k, v)| {
-            let o = v["data_offsets"].as_array().unwrap();
-            (k, o[1].as_u64().unwrap() - o[0].as_u64().unwrap())
-        })
-        .collect()
-}
-
 #[test]
 fn three_stages_each_fetch_only_their_own_bytes() {
     let model = smollm2();
@@ -159,14 +143,8 @@ fn three_stages_each_fetch_only_their_own_bytes() {
         &[],
         None,
     );
-    let sizes = tensor_bytes(&model.join("model.safetensors"));
-    let layer_of = |name: &str| -> Option<usize> {
-        name.strip_prefix("model.layers.")?
-            .split('.')
-            .next()?
-            .parse()
-            .ok()
-    };
+    let sizes = common::tensor_bytes(&model.join("model.safetensors"));
+    let layer_of = common::layer_of;
     let mut covered = 0;
     for (id, layers, head) in [
         ("s0", (0, 10), true),

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
 fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
@@ -227,6 +229,34 @@ fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path
         ids_and_hops(&other).1,
         hops,
         "a different split must not compare equal"
+    );
+    // Through the head's folder, each member fetched exactly its own layers' tensor bytes, plus the
+    // config and the safetensors header it opened.
+    let sizes = common::tensor_bytes(&model.join("model.safetensors"));
+    let counts: Vec<usize> = stages.split(',').map(|s| s.parse().unwrap()).collect();
+    let mut start = counts[0];
+    for (i, count) in counts.iter().enumerate().skip(1) {
+        let layers = start..start + count;
+        start += count;
+        let own: u64 = sizes
+            .iter()
+            .filter(|(name, _)| common::layer_of(name).is_some_and(|l| layers.contains(&l)))
+            .map(|(_, b)| b)
+            .sum();
+        assert!(own > 0);
+        let served = report["bytes_served"][format!("member-{}", i - 1)].as_u64();
+        assert_eq!(
+            served,
+            Some(own + common::open_bytes(model)),
+            "stage {i}, layers {layers:?}: {}",
+            report["bytes_served"]
+        );
+    }
+    assert_eq!(
+        report["bytes_served"].as_object().unwrap().len(),
+        n_members,
+        "no one else fetched from the head: {}",
+        report["bytes_served"]
     );
     // The secret is shown once, on the head's stdout; no log carries it.
     let secret = run.join_url.split('#').nth(1).unwrap();

@@ -467,6 +467,8 @@ struct RingReport {
     excluded: Vec<String>,
     lap_ms: LapStats,
     bytes_sent_by_head: u64,
+    /// Bytes of the head's model folder each member fetched (when the head serves its folder).
+    bytes_served: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
@@ -524,11 +526,11 @@ async fn serve(
     let mut app = Router::new()
         .route("/ring", get(ring_socket))
         .with_state(shared.clone());
+    let mut served = None;
     if let Some(folder) = &source.folder {
-        app = app.merge(super::mirror::folder_router(
-            source.repo.clone(),
-            folder.clone(),
-        ));
+        let (routes, counter) = super::mirror::folder_router(source.repo.clone(), folder.clone());
+        app = app.merge(routes);
+        served = Some(counter);
     }
     let server = tokio::spawn(async move {
         axum::serve(
@@ -550,19 +552,48 @@ async fn serve(
         &source.commit.as_str()[..12]
     );
 
-    let result = drive(&args, &opts, &shared, &mut joined_rx, source, chosen).await;
+    let ring = Ring {
+        args: &args,
+        opts: &opts,
+        served,
+    };
+    let result = drive(&ring, &shared, &mut joined_rx, source, chosen).await;
     server.abort();
     result
 }
 
+/// What every turn of one head process shares.
+struct Ring<'a> {
+    args: &'a Args,
+    opts: &'a TurnOptions,
+    /// Bytes the head's folder served, per member (when it serves its folder).
+    served: Option<super::mirror::Served>,
+}
+
+/// A connected ring, ready for turns.
+struct Session<'a> {
+    ring: &'a Ring<'a>,
+    opened: &'a Opened,
+    plan: Plan,
+    head: Stage,
+    members: Vec<Member>,
+    inbox: mpsc::Receiver<(usize, Result<Option<Message>>)>,
+    to_ring: mpsc::Sender<Vec<u8>>,
+    from_ring: std::sync::mpsc::Receiver<Result<Vec<u8>>>,
+    devices: Vec<String>,
+    excluded: Vec<String>,
+    chosen: daisy_engine::ChosenBackend,
+    down: Arc<Link>,
+}
+
 async fn drive(
-    args: &Args,
-    opts: &TurnOptions,
+    ring: &Ring<'_>,
     shared: &Arc<Shared>,
     joined: &mut mpsc::Receiver<(String, Link)>,
     source: Source,
     chosen: daisy_engine::ChosenBackend,
 ) -> Result<()> {
+    let args = ring.args;
     let backend = chosen.backend.clone();
     let needed = args
         .members
@@ -872,7 +903,20 @@ async fn drive(
     let mut stdin_lines = from_stdin.then(|| std::io::stdin().lock().lines());
     let mut turn = 0u64;
     let mut queue = prompts.into_iter();
-    let head_stage = Arc::new(head_stage);
+    let mut session = Session {
+        ring,
+        opened,
+        plan,
+        head: head_stage,
+        members,
+        inbox,
+        to_ring,
+        from_ring,
+        devices,
+        excluded,
+        chosen,
+        down: down.clone(),
+    };
     let mut failure = None;
     loop {
         let text = match stdin_lines.as_mut() {
@@ -890,30 +934,13 @@ async fn drive(
         }
         turn += 1;
         let prompt = super::run::prompt(&text, args.generate.chat);
-        let outcome = run_turn(
-            args,
-            opts,
-            opened,
-            &plan,
-            &head_stage,
-            &members,
-            &mut inbox,
-            &to_ring,
-            &from_ring,
-            &devices,
-            &excluded,
-            &chosen,
-            &down,
-            turn,
-            prompt,
-        )
-        .await;
+        let outcome = session.turn(turn, prompt).await;
         if let Err(e) = outcome {
             failure = Some(e);
             break;
         }
     }
-    for m in &members {
+    for m in &session.members {
         m.control.close().await;
     }
     down.close().await;
@@ -925,173 +952,176 @@ async fn drive(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_turn(
-    args: &Args,
-    opts: &TurnOptions,
-    opened: &Opened,
-    plan: &Plan,
-    head: &Arc<Stage>,
-    members: &[Member],
-    inbox: &mut mpsc::Receiver<(usize, Result<Option<Message>>)>,
-    to_ring: &mpsc::Sender<Vec<u8>>,
-    from_ring: &std::sync::mpsc::Receiver<Result<Vec<u8>>>,
-    devices: &[String],
-    excluded: &[String],
-    chosen: &daisy_engine::ChosenBackend,
-    down: &Link,
-    turn: u64,
-    prompt: Prompt,
-) -> Result<()> {
-    let json = args.format.json();
-    let prompt_ids = opened.encode(&prompt).context("the prompt")?;
-    let cached = opts.path == daisy_model::ForwardPath::Cached;
-    for m in members {
-        control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await?;
-    }
-    eprintln!(
-        "head: turn {turn}: {} prompt tokens, {} path",
-        prompt_ids.len(),
-        opts.path.name()
-    );
-    let mut hops = Vec::new();
-    let mut lap_ms = Vec::new();
-    let generated = tokio::task::block_in_place(|| {
-        let mut stdout = std::io::stdout().lock();
-        let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
-            let header = LapHeader {
-                turn,
-                lap: pass.lap,
-                pos0: pass.pos0,
-                rows: pass.rows,
-            };
-            let t = Instant::now();
-            let mut sent = send(plan, head, header, 0, pass.hidden)?;
-            hops.extend(sent.hop.take());
-            to_ring
-                .blocking_send(sent.bytes)
-                .map_err(|_| daisy_engine::Error::Invalid("the link to stage 1 closed".into()))?;
-            let back = match from_ring.recv_timeout(LAP_TIMEOUT) {
-                Ok(Ok(bytes)) => bytes,
-                Ok(Err(e)) => return Err(daisy_engine::Error::Invalid(format!("{e:#}"))),
-                Err(_) => {
-                    return Err(daisy_engine::Error::Invalid(format!(
-                        "lap {} did not come back within {LAP_TIMEOUT:?}",
-                        pass.lap
-                    )));
-                }
-            };
-            let out = receive_at_head(plan, head, &back);
-            lap_ms.push(t.elapsed().as_secs_f64() * 1e3);
-            out
-        };
-        generate_turn(opened, head, &prompt_ids, opts, &mut lap, &mut |t| {
-            if !json {
-                let _ = write!(stdout, "{}", t.text).and_then(|()| stdout.flush());
-            }
-            ControlFlow::Continue(())
-        })
-    })?;
-    if !json {
-        println!();
-    }
-    // Every member's hop of the first lap, in hop order after the head's.
-    let mut member_hops: Vec<Option<daisy_engine::Hop>> = vec![None; members.len()];
-    while member_hops.iter().any(Option::is_none) {
-        let (stage, msg) = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
-            .await
-            .map_err(|_| anyhow!("the members did not report their hops within 10 s"))?
-            .context("member queue closed")?;
-        match msg {
-            Ok(Some(Message::Hop(h))) if h.turn == turn && h.hop == stage => {
-                member_hops[stage - 1] = Some(daisy_engine::Hop {
-                    after_layer: h.after_layer,
-                    sha256: h.sha256.0,
-                });
-            }
-            Ok(Some(Message::Error(e))) => {
-                bail!(
-                    "{} (stage {stage}) failed: {}",
-                    devices[stage],
-                    e.message.as_str()
-                )
-            }
-            Ok(None) => bail!("{} (stage {stage}) left the ring", devices[stage]),
-            Err(e) => bail!("{} (stage {stage}): {e:#}", devices[stage]),
-            Ok(Some(_)) => {}
+impl Session<'_> {
+    /// One turn: the prompt around the ring, the answer streamed, the members' hops gathered, Verify.
+    async fn turn(&mut self, turn: u64, prompt: Prompt) -> Result<()> {
+        let Self {
+            ring,
+            opened,
+            plan,
+            head,
+            members,
+            inbox,
+            to_ring,
+            from_ring,
+            devices,
+            excluded,
+            chosen,
+            down,
+        } = self;
+        let (args, opts) = (ring.args, ring.opts);
+        let (opened, plan, head) = (*opened, &*plan, &*head);
+        let json = args.format.json();
+        let prompt_ids = opened.encode(&prompt).context("the prompt")?;
+        let cached = opts.path == daisy_model::ForwardPath::Cached;
+        for m in members.iter() {
+            control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await?;
         }
-    }
-    hops.extend(member_hops.into_iter().flatten());
-    let t = generated.timings;
-    let stats = lap_stats(lap_ms);
-    eprintln!(
-        "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
-        generated.generation.ids.len(),
-        t.prefill_tokens_per_s,
-        t.decode_tokens_per_s,
-        stats.p50_ms,
-        stats.p99_ms
-    );
-    if generated.json_complete == Some(false) {
-        bail!(
-            "json-output: the value is not complete after --max-new-tokens {}",
-            opts.max_new_tokens
+        eprintln!(
+            "head: turn {turn}: {} prompt tokens, {} path",
+            prompt_ids.len(),
+            opts.path.name()
         );
-    }
-    let verified = if args.no_verify {
-        eprintln!("head: verify skipped (--no-verify)");
-        None
-    } else {
-        let backend = chosen.backend.clone();
-        let report = tokio::task::block_in_place(|| {
-            verify(
-                opened,
-                None,
-                head.precision(),
-                &backend,
-                &prompt_ids,
-                opts,
-                &generated.generation.ids,
-            )
-        })
-        .context("verify: the head could not re-run the turn with every layer")?;
-        eprintln!("head: {}", report.summary());
-        Some(report)
-    };
-    let failed = verified.as_ref().is_some_and(|v| !v.matched);
-    if json {
-        let report = RingReport {
-            turn: TurnReport {
-                prompt_ids,
-                ids: generated.generation.ids.clone(),
-                text: generated.text,
-                plan: plan_ranges(plan),
-                stages: plan.stages().iter().map(|s| s.len()).collect(),
-                fingerprint: hex::encode(head.fingerprint()),
-                backend: BackendReport {
-                    name: head.backend().name().to_string(),
-                    adapter: chosen.adapter.clone(),
-                },
-                precision: head.precision().name(),
-                path: opts.path.name(),
-                hops: HopReport::list(&hops),
-                laps: generated.generation.laps,
-                cancelled: generated.generation.cancelled,
-                verify: verified,
-                json_complete: generated.json_complete,
-                timings: generated.timings,
-                params: opened.config().num_params(),
-                peak_rss_bytes: peak_rss_bytes(),
-            },
-            devices: devices.to_vec(),
-            excluded: excluded.to_vec(),
-            lap_ms: stats,
-            bytes_sent_by_head: down.bytes_sent(),
+        let mut hops = Vec::new();
+        let mut lap_ms = Vec::new();
+        let generated = tokio::task::block_in_place(|| {
+            let mut stdout = std::io::stdout().lock();
+            let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
+                let header = LapHeader {
+                    turn,
+                    lap: pass.lap,
+                    pos0: pass.pos0,
+                    rows: pass.rows,
+                };
+                let t = Instant::now();
+                let mut sent = send(plan, head, header, 0, pass.hidden)?;
+                hops.extend(sent.hop.take());
+                to_ring.blocking_send(sent.bytes).map_err(|_| {
+                    daisy_engine::Error::Invalid("the link to stage 1 closed".into())
+                })?;
+                let back = match from_ring.recv_timeout(LAP_TIMEOUT) {
+                    Ok(Ok(bytes)) => bytes,
+                    Ok(Err(e)) => return Err(daisy_engine::Error::Invalid(format!("{e:#}"))),
+                    Err(_) => {
+                        return Err(daisy_engine::Error::Invalid(format!(
+                            "lap {} did not come back within {LAP_TIMEOUT:?}",
+                            pass.lap
+                        )));
+                    }
+                };
+                let out = receive_at_head(plan, head, &back);
+                lap_ms.push(t.elapsed().as_secs_f64() * 1e3);
+                out
+            };
+            generate_turn(opened, head, &prompt_ids, opts, &mut lap, &mut |t| {
+                if !json {
+                    let _ = write!(stdout, "{}", t.text).and_then(|()| stdout.flush());
+                }
+                ControlFlow::Continue(())
+            })
+        })?;
+        if !json {
+            println!();
+        }
+        // Every member's hop of the first lap, in hop order after the head's.
+        let mut member_hops: Vec<Option<daisy_engine::Hop>> = vec![None; members.len()];
+        while member_hops.iter().any(Option::is_none) {
+            let (stage, msg) = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+                .await
+                .map_err(|_| anyhow!("the members did not report their hops within 10 s"))?
+                .context("member queue closed")?;
+            match msg {
+                Ok(Some(Message::Hop(h))) if h.turn == turn && h.hop == stage => {
+                    member_hops[stage - 1] = Some(daisy_engine::Hop {
+                        after_layer: h.after_layer,
+                        sha256: h.sha256.0,
+                    });
+                }
+                Ok(Some(Message::Error(e))) => {
+                    bail!(
+                        "{} (stage {stage}) failed: {}",
+                        devices[stage],
+                        e.message.as_str()
+                    )
+                }
+                Ok(None) => bail!("{} (stage {stage}) left the ring", devices[stage]),
+                Err(e) => bail!("{} (stage {stage}): {e:#}", devices[stage]),
+                Ok(Some(_)) => {}
+            }
+        }
+        hops.extend(member_hops.into_iter().flatten());
+        let t = generated.timings;
+        let stats = lap_stats(lap_ms);
+        eprintln!(
+            "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
+            generated.generation.ids.len(),
+            t.prefill_tokens_per_s,
+            t.decode_tokens_per_s,
+            stats.p50_ms,
+            stats.p99_ms
+        );
+        if generated.json_complete == Some(false) {
+            bail!(
+                "json-output: the value is not complete after --max-new-tokens {}",
+                opts.max_new_tokens
+            );
+        }
+        let verified = if args.no_verify {
+            eprintln!("head: verify skipped (--no-verify)");
+            None
+        } else {
+            let backend = chosen.backend.clone();
+            let report = tokio::task::block_in_place(|| {
+                verify(
+                    opened,
+                    None,
+                    head.precision(),
+                    &backend,
+                    &prompt_ids,
+                    opts,
+                    &generated.generation.ids,
+                )
+            })
+            .context("verify: the head could not re-run the turn with every layer")?;
+            eprintln!("head: {}", report.summary());
+            Some(report)
         };
-        println!("{}", serde_json::to_string(&report)?);
+        let failed = verified.as_ref().is_some_and(|v| !v.matched);
+        if json {
+            let report = RingReport {
+                turn: TurnReport {
+                    prompt_ids,
+                    ids: generated.generation.ids.clone(),
+                    text: generated.text,
+                    plan: plan_ranges(plan),
+                    stages: plan.stages().iter().map(|s| s.len()).collect(),
+                    fingerprint: hex::encode(head.fingerprint()),
+                    backend: BackendReport {
+                        name: head.backend().name().to_string(),
+                        adapter: chosen.adapter.clone(),
+                    },
+                    precision: head.precision().name(),
+                    path: opts.path.name(),
+                    hops: HopReport::list(&hops),
+                    laps: generated.generation.laps,
+                    cancelled: generated.generation.cancelled,
+                    verify: verified,
+                    json_complete: generated.json_complete,
+                    timings: generated.timings,
+                    params: opened.config().num_params(),
+                    peak_rss_bytes: peak_rss_bytes(),
+                },
+                devices: devices.to_vec(),
+                excluded: excluded.to_vec(),
+                lap_ms: stats,
+                bytes_sent_by_head: down.bytes_sent(),
+                bytes_served: ring.served.as_ref().map(super::mirror::Served::by_client),
+            };
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        if failed {
+            bail!("verify failed: the ring and the head's unsplit run gave different ids");
+        }
+        Ok(())
     }
-    if failed {
-        bail!("verify failed: the ring and the head's unsplit run gave different ids");
-    }
-    Ok(())
 }

@@ -335,9 +335,20 @@ impl Mirror {
     }
 }
 
+/// Bytes a folder router has served, per client.
+#[derive(Clone)]
+pub(crate) struct Served(Arc<Mirror>);
+
+impl Served {
+    /// Bytes served so far, by client (`X-Daisy-Client`, else the peer's IP).
+    pub(crate) fn by_client(&self) -> BTreeMap<String, u64> {
+        self.0.served.lock().expect("stats lock").clone()
+    }
+}
+
 /// The Hub's routes for one local folder served as `repo` (weight files answered directly, bytes
 /// counted per client at `/__stats`): how the head hands its model to the members.
-pub(crate) fn folder_router(repo: RepoId, folder: PathBuf) -> Router {
+pub(crate) fn folder_router(repo: RepoId, folder: PathBuf) -> (Router, Served) {
     let mirror = Arc::new(Mirror {
         dir: folder.clone(),
         single: Some((repo, folder)),
@@ -351,10 +362,12 @@ pub(crate) fn folder_router(repo: RepoId, folder: PathBuf) -> Router {
         auth_on_redirect_host: AtomicU64::new(0),
         answers: AtomicU64::new(0),
     });
-    Router::new()
+    let served = Served(mirror.clone());
+    let router = Router::new()
         .route("/__stats", get(stats))
         .route("/{org}/{name}/resolve/{revision}/{*file}", get(resolve))
-        .with_state(mirror)
+        .with_state(mirror);
+    (router, served)
 }
 
 /// A stable commit id for a plain folder: SHA-256 over each file's relative path, size and
