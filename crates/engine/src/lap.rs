@@ -95,11 +95,34 @@ fn receive(plan: &Plan, stage: &Stage, expected: Next, bytes: &[u8]) -> Result<A
     Ok(act)
 }
 
-/// The head at the end of a lap: the returning hidden state, checked.
-pub fn receive_at_head(plan: &Plan, head: &Stage, bytes: &[u8]) -> Result<Vec<f32>> {
-    receive(plan, head, Next::Return, bytes)
-        .map(Activation::into_data)
-        .context(|| "the head refused the return leg".to_string())
+/// The head at the end of a lap: the returning hidden state, checked (integrity hash, fingerprint,
+/// route), with the lap it says it is.
+pub fn returned(plan: &Plan, head: &Stage, bytes: &[u8]) -> Result<(LapHeader, Vec<f32>)> {
+    let act = receive(plan, head, Next::Return, bytes)
+        .context(|| "the head refused the return leg".to_string())?;
+    let header = LapHeader {
+        turn: act.turn(),
+        lap: act.lap(),
+        pos0: act.positions().start,
+        rows: act.rows(),
+    };
+    Ok((header, act.into_data()))
+}
+
+/// [`returned`], refused unless it is lap `expected` (a replayed or misrouted lap is not used).
+pub fn receive_at_head(
+    plan: &Plan,
+    head: &Stage,
+    expected: LapHeader,
+    bytes: &[u8],
+) -> Result<Vec<f32>> {
+    let (got, data) = returned(plan, head, bytes)?;
+    if got != expected {
+        return Err(Error::Invalid(format!(
+            "the head expected {expected:?} back and got {got:?}"
+        )));
+    }
+    Ok(data)
 }
 
 /// One stage of the ring other than the head: its layers, its place in the plan, its KV cache.
@@ -186,7 +209,9 @@ impl<'a> LocalRing<'a> {
         loop {
             self.hops.extend(sent.hop.take());
             match sent.next {
-                Next::Return => return receive_at_head(self.plan, self.head, &sent.bytes),
+                Next::Return => {
+                    return receive_at_head(self.plan, self.head, header, &sent.bytes);
+                }
                 Next::Stage(i) => {
                     let Some(member) = i.checked_sub(1).and_then(|j| self.members.get_mut(j))
                     else {

@@ -244,7 +244,9 @@ fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path
             .map(|(_, b)| b)
             .sum();
         assert!(own > 0);
-        let served = report["bytes_served"][format!("member-{}", i - 1)].as_u64();
+        // Members take their stages in the order they were admitted, which the report lists.
+        let device = report["devices"][i].as_str().unwrap();
+        let served = report["bytes_served"][device].as_u64();
         assert_eq!(
             served,
             Some(own + common::open_bytes(model)),

@@ -23,14 +23,14 @@ use axum::response::Response;
 use axum::routing::get;
 use daisy_engine::{
     BackendReport, HopReport, LapHeader, Opened, Prompt, TurnOptions, TurnReport, generate_turn,
-    load_stage, peak_rss_bytes, plan_ranges, receive_at_head, send, verify,
+    load_stage, peak_rss_bytes, plan_ranges, receive_at_head, returned, send, verify,
 };
 use daisy_loader::{Checkpoint, LocalDir};
 use daisy_model::Stage;
 use daisy_ring::{DeviceInfo, Exclusion, ModelFacts, plan_layers};
 use daisy_wire::{
-    Assignment, Commit, DeviceId, Fingerprint, GemmRate, Hello, Message, Placement, Plan,
-    ProbeRequest, RepoId, TurnStart,
+    Assignment, Commit, DeviceId, Fingerprint, GemmRate, Heartbeat, Hello, HopRecord, Message,
+    Placement, Plan, ProbeRequest, RepoId, TurnStart,
 };
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
@@ -86,8 +86,6 @@ pub(crate) struct Args {
 const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the members to load their layers.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
-/// Longest wait for one lap to come back around the ring.
-const LAP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The model as the ring knows it: opened on the head, and the repo and commit members fetch.
 struct Source {
@@ -411,66 +409,6 @@ async fn member_session(
     result
 }
 
-/// A member in the plan.
-struct Member {
-    device: String,
-    hello: Hello,
-    control: Arc<Link>,
-}
-
-/// What the planner knows of the model: int8 bytes and multiply-accumulates per layer and head.
-fn model_facts(opened: &Opened) -> ModelFacts {
-    let ck = &opened.checkpoint;
-    let elements =
-        |ts: Vec<&daisy_loader::TensorInfo>| ts.iter().map(|t| t.elements()).sum::<usize>();
-    let layer = elements(ck.layer_tensors(0));
-    let head = elements(ck.non_layer_tensors());
-    let config = opened.config();
-    ModelFacts {
-        n_layers: config.num_layers,
-        layer_bytes: layer as u64,
-        head_bytes: head as u64,
-        layer_macs: layer as f64,
-        head_macs: (config.vocab_size * config.hidden_size) as f64,
-    }
-}
-
-#[derive(Serialize)]
-struct LapStats {
-    laps: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-fn lap_stats(mut ms: Vec<f64>) -> LapStats {
-    ms.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        if ms.is_empty() {
-            0.0
-        } else {
-            ms[((ms.len() - 1) as f64 * q).round() as usize]
-        }
-    };
-    LapStats {
-        laps: ms.len(),
-        p50_ms: at(0.5),
-        p99_ms: at(0.99),
-    }
-}
-
-/// `--format json`: the turn's report with the ring's own facts.
-#[derive(Serialize)]
-struct RingReport {
-    #[serde(flatten)]
-    turn: TurnReport,
-    devices: Vec<String>,
-    excluded: Vec<String>,
-    lap_ms: LapStats,
-    bytes_sent_by_head: u64,
-    /// Bytes of the head's model folder each member fetched (when the head serves its folder).
-    bytes_served: Option<std::collections::BTreeMap<String, u64>>,
-}
-
 pub(crate) fn run(args: Args) -> Result<()> {
     let opts = args.generate.turn_options();
     opts.check()?;
@@ -552,61 +490,753 @@ async fn serve(
         &source.commit.as_str()[..12]
     );
 
-    let ring = Ring {
+    let settings = Settings {
         args: &args,
         opts: &opts,
         served,
     };
-    let result = drive(&ring, &shared, &mut joined_rx, source, chosen).await;
+    let result = drive(&settings, &shared, &mut joined_rx, source, chosen).await;
     server.abort();
     result
 }
 
 /// What every turn of one head process shares.
-struct Ring<'a> {
+struct Settings<'a> {
     args: &'a Args,
     opts: &'a TurnOptions,
     /// Bytes the head's folder served, per member (when it serves its folder).
     served: Option<super::mirror::Served>,
 }
 
-/// A connected ring, ready for turns.
-struct Session<'a> {
-    ring: &'a Ring<'a>,
-    opened: &'a Opened,
-    plan: Plan,
-    head: Stage,
-    members: Vec<Member>,
-    inbox: mpsc::Receiver<(usize, Result<Option<Message>>)>,
-    to_ring: mpsc::Sender<Vec<u8>>,
-    from_ring: std::sync::mpsc::Receiver<Result<Vec<u8>>>,
-    devices: Vec<String>,
-    excluded: Vec<String>,
-    chosen: daisy_engine::ChosenBackend,
-    down: Arc<Link>,
+/// A member admitted to the ring.
+struct Member {
+    device: String,
+    hello: Hello,
+    control: Arc<Link>,
 }
 
-async fn drive(
-    ring: &Ring<'_>,
-    shared: &Arc<Shared>,
-    joined: &mut mpsc::Receiver<(String, Link)>,
-    source: Source,
-    chosen: daisy_engine::ChosenBackend,
-) -> Result<()> {
-    let args = ring.args;
-    let backend = chosen.backend.clone();
-    let needed = args
-        .members
-        .unwrap_or_else(|| args.stages.as_ref().map_or(1, |s| s.len() - 1));
-    let head_probe = {
-        let backend = backend.clone();
-        tokio::task::spawn_blocking(move || control::probe(&backend, control::HELLO_PROBE_SEED))
-            .await??
-    };
+/// What the members' control links report, tagged with the device.
+enum Event {
+    Progress(String, daisy_wire::Progress),
+    Ready(String, Fingerprint),
+    Hop(String, HopRecord),
+    Heartbeat(String, u64),
+    Down(String, String),
+}
 
-    // 1. members join and say Hello; each runs a fresh probe.
+/// What comes back to the engine's thread: a lap's bytes, or the news that a member is gone.
+enum Back {
+    Lap(Vec<u8>),
+    Down(String, String),
+}
+
+/// Why the ring could not go on.
+enum Failure {
+    /// A member failed or left; the turn can be replayed without it.
+    Member { device: String, why: String },
+    /// Anything else ends the run.
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl From<daisy_wire::Error> for Failure {
+    fn from(e: daisy_wire::Error) -> Self {
+        Self::Other(e.into())
+    }
+}
+
+impl Failure {
+    fn member(device: &str, why: impl Into<String>) -> Self {
+        Self::Member {
+            device: device.to_string(),
+            why: why.into(),
+        }
+    }
+
+    fn into_error(self) -> anyhow::Error {
+        match self {
+            Self::Member { device, why } => anyhow!("member {device}: {why}"),
+            Self::Other(e) => e,
+        }
+    }
+}
+
+/// Forward one member's control messages as events until its link ends; its end is an event too,
+/// and the news also goes to the engine's thread, which may be waiting for a lap.
+fn watch(
+    member: &Member,
+    events: mpsc::UnboundedSender<Event>,
+    back: std::sync::mpsc::Sender<Back>,
+) {
+    let link = member.control.clone();
+    let device = member.device.clone();
+    tokio::spawn(async move {
+        let why = loop {
+            let event = match control::recv(&link).await {
+                Ok(Some(Message::Progress(p))) => Event::Progress(device.clone(), p),
+                Ok(Some(Message::Ready(r))) => Event::Ready(device.clone(), r.fingerprint),
+                Ok(Some(Message::Hop(h))) => Event::Hop(device.clone(), h),
+                Ok(Some(Message::Heartbeat(h))) => Event::Heartbeat(device.clone(), h.seq),
+                Ok(Some(Message::Error(e))) => break format!("reported: {}", e.message.as_str()),
+                Ok(Some(other)) => {
+                    eprintln!("head: {device} sent an unexpected {}", other.kind());
+                    continue;
+                }
+                Ok(None) => {
+                    break "its control link closed (the process stopped, or its network did)"
+                        .to_string();
+                }
+                Err(e) => break format!("{e:#}"),
+            };
+            if events.send(event).is_err() {
+                return;
+            }
+        };
+        let _ = back.send(Back::Down(device.clone(), why.clone()));
+        let _ = events.send(Event::Down(device, why));
+    });
+}
+
+/// The ring: who holds what, and the links the head drives it through.
+struct Ring<'a> {
+    settings: &'a Settings<'a>,
+    shared: Arc<Shared>,
+    source: &'a Source,
+    chosen: daisy_engine::ChosenBackend,
+    fingerprint: Fingerprint,
+    plan: Plan,
+    head: Option<Stage>,
+    /// Stage i + 1 of the plan.
+    members: Vec<Member>,
+    /// Members left out or dropped, and why.
+    excluded: Vec<String>,
+    events: mpsc::UnboundedReceiver<Event>,
+    events_tx: mpsc::UnboundedSender<Event>,
+    back: std::sync::mpsc::Receiver<Back>,
+    back_tx: std::sync::mpsc::Sender<Back>,
+    /// Where the head's laps go (the writer of its link to stage 1).
+    to_ring: Option<mpsc::Sender<Vec<u8>>>,
+    /// The head's current ring links (to stage 1, from the last stage).
+    links: Vec<Arc<Link>>,
+    /// The slowest lap so far, for the stall timeout.
+    slowest_lap: Duration,
+    next_turn: u64,
+    /// Bytes the head has sent on ring links that are closed now.
+    bytes_sent_before: u64,
+}
+
+/// Longest wait for the first lap of a ring (a prefill chunk on the slowest member).
+const FIRST_LAP_TIMEOUT: Duration = Duration::from_secs(120);
+/// A lap is stalled after this many times the slowest lap so far (and at least `MIN_STALL`).
+const STALL_FACTOR: u32 = 50;
+const MIN_STALL: Duration = Duration::from_secs(10);
+
+impl Ring<'_> {
+    fn devices(&self) -> Vec<String> {
+        let mut d = vec![HEAD.to_string()];
+        d.extend(self.members.iter().map(|m| m.device.clone()));
+        d
+    }
+
+    fn stall_timeout(&self) -> Duration {
+        if self.slowest_lap.is_zero() {
+            FIRST_LAP_TIMEOUT
+        } else {
+            (self.slowest_lap * STALL_FACTOR).max(MIN_STALL)
+        }
+    }
+
+    fn bytes_sent(&self) -> u64 {
+        self.bytes_sent_before + self.links.iter().map(|l| l.bytes_sent()).sum::<u64>()
+    }
+
+    /// Send the plan and assignments, load the head's layers, connect the ring, wait until every
+    /// member is ready.
+    async fn establish(&mut self) -> Result<(), Failure> {
+        for link in self.links.drain(..) {
+            self.bytes_sent_before += link.bytes_sent();
+            link.close().await;
+        }
+        self.to_ring = None;
+        let devices = self.devices();
+        let placement = Placement::new(
+            self.plan.clone(),
+            devices
+                .iter()
+                .map(|d| DeviceId::parse(d))
+                .collect::<Result<_, _>>()?,
+        )?;
+        for (i, span) in self.plan.stages().iter().enumerate() {
+            eprintln!(
+                "head: stage {i} = {} holds layers {}..{}",
+                devices[i], span.layers.start, span.layers.end
+            );
+        }
+        let f32 = self.settings.args.compute.precision == daisy_model::Precision::F32;
+        for (i, m) in self.members.iter().enumerate() {
+            let stage = i + 1;
+            let assignment = Assignment::new(
+                self.source.repo.clone(),
+                self.source.commit.clone(),
+                self.fingerprint,
+                stage,
+                self.plan.stages()[stage].layers.clone(),
+            )?
+            .with_f32(f32);
+            let sent = async {
+                control::send(&m.control, &Message::Plan(placement.clone())).await?;
+                control::send(&m.control, &Message::Assignment(assignment)).await
+            };
+            if let Err(e) = sent.await {
+                return Err(Failure::member(&m.device, format!("{e:#}")));
+            }
+        }
+
+        // The links: stage i offers to stage i + 1, the last to the head.
+        let (down, up) = if self.members.is_empty() {
+            (None, None)
+        } else {
+            let shared = self.shared.clone();
+            let first = self.members[0].device.clone();
+            let down = tokio::spawn(async move { shared.offer_to(&first, Role::Ring).await });
+            let link = self.shared.link_id();
+            let (tx, rx) = oneshot::channel();
+            self.shared
+                .incoming
+                .lock()
+                .expect("incoming lock")
+                .insert(link, tx);
+            let last = &self.members[self.members.len() - 1].device;
+            let connect = Signal::Connect {
+                link,
+                peer: HEAD.to_string(),
+            };
+            if let Err(e) = self.shared.signal(last, connect).await {
+                return Err(Failure::member(last, format!("{e:#}")));
+            }
+            for i in 0..self.members.len() - 1 {
+                let link = self.shared.link_id();
+                let connect = Signal::Connect {
+                    link,
+                    peer: self.members[i + 1].device.clone(),
+                };
+                if let Err(e) = self.shared.signal(&self.members[i].device, connect).await {
+                    return Err(Failure::member(&self.members[i].device, format!("{e:#}")));
+                }
+            }
+            (Some(down), Some(rx))
+        };
+
+        // The head's own layers load while the members fetch theirs.
+        let want = self.plan.stages()[0].layers.clone();
+        if self.head.as_ref().map(Stage::layers) != Some(want.clone()) {
+            let t0 = Instant::now();
+            let opened = &self.source.opened;
+            let (plan, precision, backend) = (
+                &self.plan,
+                self.settings.args.compute.precision,
+                &self.chosen.backend,
+            );
+            let stage = tokio::task::block_in_place(|| {
+                load_stage(opened, plan, 0, precision, backend).map_err(anyhow::Error::from)
+            })?;
+            eprintln!(
+                "head: loaded its layers {want:?} in {:.2}s",
+                t0.elapsed().as_secs_f64()
+            );
+            self.head = Some(stage);
+        }
+
+        // Every member reports its download and says Ready with the fingerprint it computed.
+        let mut ready: HashMap<String, bool> = self
+            .members
+            .iter()
+            .map(|m| (m.device.clone(), false))
+            .collect();
+        let deadline = tokio::time::Instant::now() + LOAD_TIMEOUT;
+        let mut shown: HashMap<String, u64> = HashMap::new();
+        while ready.values().any(|r| !r) {
+            let event = tokio::time::timeout_at(deadline, self.events.recv())
+                .await
+                .map_err(|_| anyhow!("the members did not load within {LOAD_TIMEOUT:?}"))?
+                .context("the members' events stopped")?;
+            match event {
+                Event::Progress(device, p) => {
+                    let pct = 100 * p.fetched() / p.total().max(1);
+                    let last = shown.entry(device.clone()).or_insert(u64::MAX);
+                    if *last != pct && pct % 25 == 0 {
+                        *last = pct;
+                        eprintln!(
+                            "head: {device} fetched {} of {} bytes ({pct}%)",
+                            p.fetched(),
+                            p.total()
+                        );
+                    }
+                }
+                Event::Ready(device, fingerprint) => {
+                    if fingerprint != self.fingerprint {
+                        return Err(Failure::member(
+                            &device,
+                            format!(
+                                "refused: it holds another model's slice (fingerprint {} where \
+                                 the head's is {})",
+                                hex::encode(&fingerprint.0[..8]),
+                                hex::encode(&self.fingerprint.0[..8])
+                            ),
+                        ));
+                    }
+                    eprintln!("head: {device} is ready");
+                    ready.insert(device, true);
+                }
+                Event::Down(device, why) if ready.contains_key(&device) => {
+                    return Err(Failure::member(&device, why));
+                }
+                Event::Down(..) | Event::Hop(..) | Event::Heartbeat(..) => {}
+            }
+        }
+        // Stale news of members no longer in the ring is not for the laps to come.
+        while self.back.try_recv().is_ok() {}
+
+        if let (Some(down), Some(up)) = (down, up) {
+            let first = self.members[0].device.clone();
+            let last = self.members[self.members.len() - 1].device.clone();
+            let down = Arc::new(
+                down.await
+                    .map_err(|e| anyhow!("{e}"))?
+                    .map_err(|e| Failure::member(&first, format!("the link to it: {e:#}")))?,
+            );
+            let up = tokio::time::timeout(Duration::from_secs(30), up)
+                .await
+                .map_err(|_| Failure::member(&last, "it did not connect back within 30 s"))?
+                .map_err(|_| Failure::member(&last, "its link to the head was dropped"))?
+                .map_err(|e| Failure::member(&last, format!("its link to the head: {e:#}")))?;
+            let up = Arc::new(up);
+            let (to_ring, mut rx) = mpsc::channel::<Vec<u8>>(4);
+            {
+                let down = down.clone();
+                let back = self.back_tx.clone();
+                tokio::spawn(async move {
+                    while let Some(bytes) = rx.recv().await {
+                        if let Err(e) = down.send(&bytes).await {
+                            let _ = back.send(Back::Down(first, format!("the link to it: {e:#}")));
+                            break;
+                        }
+                    }
+                });
+            }
+            {
+                let up = up.clone();
+                let back = self.back_tx.clone();
+                tokio::spawn(async move {
+                    while let Some(msg) = up.recv().await {
+                        match msg {
+                            Ok(bytes) => {
+                                if back.send(Back::Lap(bytes)).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                let why = format!("its link to the head: {e:#}");
+                                let _ = back.send(Back::Down(last, why));
+                                break;
+                            }
+                        }
+                    }
+                });
+            }
+            self.to_ring = Some(to_ring);
+            self.links = vec![down, up];
+        }
+        eprintln!(
+            "head: the ring is connected: {} -> head",
+            self.devices().join(" -> ")
+        );
+        Ok(())
+    }
+
+    /// Leave `device` out: its layers go to the stage before it (the head when it was stage 1).
+    async fn drop_member(&mut self, device: &str, why: &str) -> Result<()> {
+        let Some(i) = self.members.iter().position(|m| m.device == device) else {
+            bail!("{device} is not in the ring");
+        };
+        let member = self.members.remove(i);
+        member.control.close().await;
+        self.shared.peers.lock().expect("peers lock").remove(device);
+        self.excluded.push(format!("{device}: dropped, {why}"));
+        let mut counts: Vec<usize> = self.plan.stages().iter().map(|s| s.len()).collect();
+        let gone = counts.remove(i + 1);
+        counts[i] += gone;
+        self.plan = Plan::from_counts(&counts, self.plan.n_layers())?;
+        Ok(())
+    }
+
+    /// When a lap stalls with every link up, the member whose heartbeat gets no answer is the one.
+    async fn find_stalled(&mut self) -> Option<String> {
+        let seq = self.next_turn;
+        for m in &self.members {
+            let _ = control::send(&m.control, &Message::Heartbeat(Heartbeat { seq })).await;
+        }
+        let mut answered: Vec<String> = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while answered.len() < self.members.len() {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Ok(Some(Event::Heartbeat(d, s))) if s == seq => answered.push(d),
+                Ok(Some(Event::Down(d, _))) => return Some(d),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.members
+            .iter()
+            .find(|m| !answered.contains(&m.device))
+            .map(|m| m.device.clone())
+    }
+
+    /// One attempt at a turn. `shown` counts the tokens already printed (by an attempt that failed),
+    /// which a replay does not print again.
+    async fn attempt(
+        &mut self,
+        prompt_ids: &[u32],
+        shown: &mut usize,
+    ) -> Result<
+        (
+            daisy_engine::Generated,
+            Vec<daisy_engine::Hop>,
+            Vec<f64>,
+            u64,
+        ),
+        Failure,
+    > {
+        let opts = self.settings.opts;
+        let json = self.settings.args.format.json();
+        let turn = self.next_turn;
+        self.next_turn += 1;
+        let cached = opts.path == daisy_model::ForwardPath::Cached;
+        for m in &self.members {
+            if let Err(e) =
+                control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await
+            {
+                return Err(Failure::member(&m.device, format!("{e:#}")));
+            }
+        }
+        let mut hops = Vec::new();
+        let mut lap_ms = Vec::new();
+        let mut culprit: Option<(String, String)> = None;
+        let mut stalled = false;
+        let timeout = self.stall_timeout();
+        let mut slowest = self.slowest_lap;
+        let plan = &self.plan;
+        let head = self.head.as_ref().expect("established");
+        let (to_ring, back) = (&self.to_ring, &self.back);
+        let opened = &self.source.opened;
+        let first = self.members.first().map(|m| m.device.clone());
+        let generated = tokio::task::block_in_place(|| {
+            let mut stdout = std::io::stdout().lock();
+            let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
+                let header = LapHeader {
+                    turn,
+                    lap: pass.lap,
+                    pos0: pass.pos0,
+                    rows: pass.rows,
+                };
+                let t = Instant::now();
+                let mut sent = send(plan, head, header, 0, pass.hidden)?;
+                hops.extend(sent.hop.take());
+                let Some(to_ring) = to_ring else {
+                    // The head alone: the lap is its own.
+                    return receive_at_head(plan, head, header, &sent.bytes);
+                };
+                if to_ring.blocking_send(sent.bytes).is_err() {
+                    let device = first.clone().unwrap_or_default();
+                    culprit = Some((device, "the link to it closed".into()));
+                    return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
+                }
+                let wait = if pass.lap == 0 {
+                    FIRST_LAP_TIMEOUT.max(timeout)
+                } else {
+                    timeout
+                };
+                loop {
+                    match back.recv_timeout(wait) {
+                        Ok(Back::Lap(bytes)) => {
+                            let (got, data) = returned(plan, head, &bytes)?;
+                            if got.turn != turn {
+                                continue; // an earlier attempt's lap, still on its way
+                            }
+                            if got != header {
+                                return Err(daisy_engine::Error::Invalid(format!(
+                                    "the head expected {header:?} back and got {got:?}"
+                                )));
+                            }
+                            let took = t.elapsed();
+                            if pass.lap > 0 {
+                                slowest = slowest.max(took);
+                            }
+                            lap_ms.push(took.as_secs_f64() * 1e3);
+                            return Ok(data);
+                        }
+                        Ok(Back::Down(device, why)) => {
+                            culprit = Some((device, why));
+                            return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
+                        }
+                        Err(_) => {
+                            stalled = true;
+                            return Err(daisy_engine::Error::Invalid(format!(
+                                "lap {} did not come back within {wait:?}",
+                                pass.lap
+                            )));
+                        }
+                    }
+                }
+            };
+            generate_turn(opened, head, prompt_ids, opts, &mut lap, &mut |t| {
+                if t.index >= *shown {
+                    *shown = t.index + 1;
+                    if !json {
+                        let _ = write!(stdout, "{}", t.text).and_then(|()| stdout.flush());
+                    }
+                }
+                ControlFlow::Continue(())
+            })
+        });
+        self.slowest_lap = slowest;
+        let generated = match generated {
+            Ok(g) => g,
+            Err(e) => {
+                if let Some((device, why)) = culprit {
+                    return Err(Failure::Member { device, why });
+                }
+                if stalled && let Some(device) = self.find_stalled().await {
+                    return Err(Failure::member(
+                        &device,
+                        format!("a lap stalled ({e}) and its heartbeat got no answer"),
+                    ));
+                }
+                return Err(Failure::Other(anyhow::Error::from(e)));
+            }
+        };
+        // Every member's hop of the first lap, in hop order after the head's.
+        let mut member_hops: Vec<Option<daisy_engine::Hop>> = vec![None; self.members.len()];
+        while member_hops.iter().any(Option::is_none) {
+            let event = tokio::time::timeout(Duration::from_secs(10), self.events.recv())
+                .await
+                .map_err(|_| anyhow!("the members did not report their hops within 10 s"))?
+                .context("the members' events stopped")?;
+            match event {
+                Event::Hop(device, h) if h.turn == turn => {
+                    let at = self.members.iter().position(|m| m.device == device);
+                    if let Some(i) = at.filter(|&i| h.hop == i + 1) {
+                        member_hops[i] = Some(daisy_engine::Hop {
+                            after_layer: h.after_layer,
+                            sha256: h.sha256.0,
+                        });
+                    }
+                }
+                Event::Down(device, why) if self.members.iter().any(|m| m.device == device) => {
+                    return Err(Failure::Member { device, why });
+                }
+                _ => {}
+            }
+        }
+        hops.extend(member_hops.into_iter().flatten());
+        Ok((generated, hops, lap_ms, turn))
+    }
+
+    /// A turn: replayed once, without the member that failed, when one does.
+    async fn turn(&mut self, prompt: Prompt) -> Result<()> {
+        let (args, opts) = (self.settings.args, self.settings.opts);
+        let json = args.format.json();
+        let prompt_ids = self.source.opened.encode(&prompt).context("the prompt")?;
+        eprintln!(
+            "head: a turn of {} prompt tokens, {} path",
+            prompt_ids.len(),
+            opts.path.name()
+        );
+        let mut shown = 0;
+        let mut replays = 0;
+        let (generated, hops, lap_ms, turn) = loop {
+            match self.attempt(&prompt_ids, &mut shown).await {
+                Ok(done) => break done,
+                Err(Failure::Member { device, why }) if replays == 0 => {
+                    eprintln!(
+                        "\nhead: {device} failed mid-turn ({why}); replanning without it and \
+                         replaying the turn from the start"
+                    );
+                    replays += 1;
+                    self.drop_member(&device, &why).await?;
+                    if let Err(f) = self.establish().await {
+                        bail!(
+                            "the ring could not be rebuilt for the replay: {:#}",
+                            f.into_error()
+                        );
+                    }
+                }
+                Err(Failure::Member { device, why }) => bail!(
+                    "the turn failed again in its replay: member {device}: {why}; the ring is \
+                     stopped"
+                ),
+                Err(Failure::Other(e)) => return Err(e),
+            }
+        };
+        if !json {
+            println!();
+        }
+        let t = generated.timings;
+        let stats = lap_stats(lap_ms);
+        eprintln!(
+            "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
+            generated.generation.ids.len(),
+            t.prefill_tokens_per_s,
+            t.decode_tokens_per_s,
+            stats.p50_ms,
+            stats.p99_ms
+        );
+        if generated.json_complete == Some(false) {
+            bail!(
+                "json-output: the value is not complete after --max-new-tokens {}",
+                opts.max_new_tokens
+            );
+        }
+        let head = self.head.as_ref().expect("established");
+        let opened = &self.source.opened;
+        let verified = if args.no_verify {
+            eprintln!("head: verify skipped (--no-verify)");
+            None
+        } else {
+            let backend = self.chosen.backend.clone();
+            let report = tokio::task::block_in_place(|| {
+                verify(
+                    opened,
+                    None,
+                    head.precision(),
+                    &backend,
+                    &prompt_ids,
+                    opts,
+                    &generated.generation.ids,
+                )
+            })
+            .context("verify: the head could not re-run the turn with every layer")?;
+            eprintln!("head: {}", report.summary());
+            Some(report)
+        };
+        let failed = verified.as_ref().is_some_and(|v| !v.matched);
+        if json {
+            let plan = &self.plan;
+            let report = RingReport {
+                turn: TurnReport {
+                    prompt_ids,
+                    ids: generated.generation.ids.clone(),
+                    text: generated.text,
+                    plan: plan_ranges(plan),
+                    stages: plan.stages().iter().map(|s| s.len()).collect(),
+                    fingerprint: hex::encode(head.fingerprint()),
+                    backend: BackendReport {
+                        name: head.backend().name().to_string(),
+                        adapter: self.chosen.adapter.clone(),
+                    },
+                    precision: head.precision().name(),
+                    path: opts.path.name(),
+                    hops: HopReport::list(&hops),
+                    laps: generated.generation.laps,
+                    cancelled: generated.generation.cancelled,
+                    verify: verified,
+                    json_complete: generated.json_complete,
+                    timings: generated.timings,
+                    params: opened.config().num_params(),
+                    peak_rss_bytes: peak_rss_bytes(),
+                },
+                turn_id: turn,
+                replays,
+                devices: self.devices(),
+                excluded: self.excluded.clone(),
+                lap_ms: stats,
+                bytes_sent_by_head: self.bytes_sent(),
+                bytes_served: self
+                    .settings
+                    .served
+                    .as_ref()
+                    .map(super::mirror::Served::by_client),
+            };
+            println!("{}", serde_json::to_string(&report)?);
+        }
+        if failed {
+            bail!("verify failed: the ring and the head's unsplit run gave different ids");
+        }
+        Ok(())
+    }
+}
+
+/// What the planner knows of the model: int8 bytes and multiply-accumulates per layer and head.
+fn model_facts(opened: &Opened) -> ModelFacts {
+    let ck = &opened.checkpoint;
+    let elements =
+        |ts: Vec<&daisy_loader::TensorInfo>| ts.iter().map(|t| t.elements()).sum::<usize>();
+    let layer = elements(ck.layer_tensors(0));
+    let head = elements(ck.non_layer_tensors());
+    let config = opened.config();
+    ModelFacts {
+        n_layers: config.num_layers,
+        layer_bytes: layer as u64,
+        head_bytes: head as u64,
+        layer_macs: layer as f64,
+        head_macs: (config.vocab_size * config.hidden_size) as f64,
+    }
+}
+
+#[derive(Serialize)]
+struct LapStats {
+    laps: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn lap_stats(mut ms: Vec<f64>) -> LapStats {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        if ms.is_empty() {
+            0.0
+        } else {
+            ms[((ms.len() - 1) as f64 * q).round() as usize]
+        }
+    };
+    LapStats {
+        laps: ms.len(),
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+    }
+}
+
+/// `--format json`: the turn's report with the ring's own facts.
+#[derive(Serialize)]
+struct RingReport {
+    #[serde(flatten)]
+    turn: TurnReport,
+    /// The turn number of the attempt that completed.
+    turn_id: u64,
+    /// How many times the turn was replayed (0 or 1).
+    replays: usize,
+    devices: Vec<String>,
+    excluded: Vec<String>,
+    lap_ms: LapStats,
+    bytes_sent_by_head: u64,
+    /// Bytes of the head's model folder each member fetched (when the head serves its folder).
+    bytes_served: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// Admit `needed` members: each says Hello and runs a fresh probe, which must match the head's.
+async fn admit(
+    needed: usize,
+    joined: &mut mpsc::Receiver<(String, Link)>,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    head_probe: &(daisy_wire::Hash, f64),
+    excluded: &mut Vec<String>,
+) -> Result<Vec<Member>> {
     let mut members: Vec<Member> = Vec::new();
-    let mut excluded: Vec<String> = Vec::new();
     eprintln!("head: waiting for {needed} member(s)");
     while members.len() < needed {
         let (device, link) = joined
@@ -614,25 +1244,40 @@ async fn drive(
             .await
             .context("the signaling server stopped")?;
         let link = Arc::new(link);
-        let Message::Hello(hello) = control::expect(&link, "hello", HELLO_TIMEOUT).await? else {
-            eprintln!("head: {device} did not start with a hello; left out");
-            continue;
+        let hello = match control::expect(&link, "hello", HELLO_TIMEOUT).await {
+            Ok(Message::Hello(h)) if h.device.as_str() == device => h,
+            Ok(_) => {
+                eprintln!("head: {device} did not start with its hello; left out");
+                continue;
+            }
+            Err(e) => {
+                eprintln!("head: {device}: {e:#}; left out");
+                continue;
+            }
         };
-        if hello.device.as_str() != device {
-            eprintln!("head: {device} says it is {}; left out", hello.device);
-            continue;
-        }
         let seed = u64::from_le_bytes(nonce()[..8].try_into().expect("8 bytes"));
         control::send(&link, &Message::ProbeRequest(ProbeRequest { seed })).await?;
         let expected = {
             let backend = backend.clone();
             tokio::task::spawn_blocking(move || control::probe(&backend, seed)).await??
         };
-        let Message::ProbeResult(result) =
-            control::expect(&link, "probe result", HELLO_TIMEOUT).await?
-        else {
-            eprintln!("head: {device} did not answer the probe; left out");
-            continue;
+        let result = match control::expect(&link, "probe result", HELLO_TIMEOUT).await {
+            Ok(Message::ProbeResult(r)) => r,
+            Ok(Message::Error(e)) => {
+                let why = format!(
+                    "{device}: left out, its probe failed: {}",
+                    e.message.as_str()
+                );
+                eprintln!("head: {why}");
+                excluded.push(why);
+                link.close().await;
+                continue;
+            }
+            Ok(_) | Err(_) => {
+                eprintln!("head: {device} did not answer the probe; left out");
+                link.close().await;
+                continue;
+            }
         };
         if result.seed != seed || result.hash != expected.0 || hello.probe_hash != head_probe.0 {
             let why = format!(
@@ -659,8 +1304,30 @@ async fn drive(
             control: link,
         });
     }
+    Ok(members)
+}
 
-    // 2. the plan.
+async fn drive(
+    settings: &Settings<'_>,
+    shared: &Arc<Shared>,
+    joined: &mut mpsc::Receiver<(String, Link)>,
+    source: Source,
+    chosen: daisy_engine::ChosenBackend,
+) -> Result<()> {
+    let args = settings.args;
+    let backend = chosen.backend.clone();
+    let needed = args
+        .members
+        .unwrap_or_else(|| args.stages.as_ref().map_or(1, |s| s.len() - 1));
+    let head_probe = {
+        let backend = backend.clone();
+        tokio::task::spawn_blocking(move || control::probe(&backend, control::HELLO_PROBE_SEED))
+            .await??
+    };
+    let mut excluded = Vec::new();
+    let members = admit(needed, joined, &backend, &head_probe, &mut excluded).await?;
+
+    // The plan: `--stages` as given, members in the order they joined; else the planner's.
     let opened = &source.opened;
     let n_layers = opened.config().num_layers;
     let (plan, members) = match &args.stages {
@@ -703,425 +1370,58 @@ async fn drive(
             members.len()
         );
     }
-    let mut devices = vec![HEAD.to_string()];
-    devices.extend(members.iter().map(|m| m.device.clone()));
-    let placement = Placement::new(
-        plan.clone(),
-        devices
-            .iter()
-            .map(|d| DeviceId::parse(d))
-            .collect::<Result<_, _>>()?,
-    )?;
-    for (i, span) in plan.stages().iter().enumerate() {
-        eprintln!(
-            "head: stage {i} = {} holds layers {}..{}",
-            devices[i], span.layers.start, span.layers.end
-        );
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let (back_tx, back) = std::sync::mpsc::channel();
+    for m in &members {
+        watch(m, events_tx.clone(), back_tx.clone());
     }
-
-    // 3. the head's own layers load while the members fetch theirs.
-    let precision = args.compute.precision;
-    let fingerprint = Fingerprint(opened.checkpoint.fingerprint());
-    for (i, m) in members.iter().enumerate() {
-        let stage = i + 1;
-        control::send(&m.control, &Message::Plan(placement.clone())).await?;
-        let assignment = Assignment::new(
-            source.repo.clone(),
-            source.commit.clone(),
-            fingerprint,
-            stage,
-            plan.stages()[stage].layers.clone(),
-        )?;
-        control::send(&m.control, &Message::Assignment(assignment)).await?;
-    }
-
-    // 4. the ring's links: stage i offers to stage i + 1, the last to the head.
-    let down = {
-        let shared = shared.clone();
-        let first = members.first().map(|m| m.device.clone()).expect("a member");
-        tokio::spawn(async move { shared.offer_to(&first, Role::Ring).await })
-    };
-    let up = {
-        let link = shared.link_id();
-        let (tx, rx) = oneshot::channel();
-        shared
-            .incoming
-            .lock()
-            .expect("incoming lock")
-            .insert(link, tx);
-        let last = members.last().expect("a member");
-        shared
-            .signal(
-                &last.device,
-                Signal::Connect {
-                    link,
-                    peer: HEAD.to_string(),
-                },
-            )
-            .await?;
-        rx
-    };
-    for i in 0..members.len().saturating_sub(1) {
-        let link = shared.link_id();
-        shared
-            .signal(
-                &members[i].device,
-                Signal::Connect {
-                    link,
-                    peer: members[i + 1].device.clone(),
-                },
-            )
-            .await?;
-    }
-
-    // Every member's control messages, tagged with its stage, on one queue.
-    let (inbox_tx, mut inbox) = mpsc::channel::<(usize, Result<Option<Message>>)>(256);
-    for (i, m) in members.iter().enumerate() {
-        let link = m.control.clone();
-        let tx = inbox_tx.clone();
-        tokio::spawn(async move {
-            loop {
-                let msg = control::recv(&link).await;
-                let end = !matches!(msg, Ok(Some(_)));
-                if tx.send((i + 1, msg)).await.is_err() || end {
-                    break;
-                }
-            }
-        });
-    }
-
-    let head_stage = {
-        let plan = plan.clone();
-        let backend = backend.clone();
-        let t0 = Instant::now();
-        let stage = tokio::task::block_in_place(|| {
-            load_stage(opened, &plan, 0, precision, &backend).map_err(anyhow::Error::from)
-        })?;
-        eprintln!(
-            "head: loaded its layers {:?} in {:.2}s",
-            stage.layers(),
-            t0.elapsed().as_secs_f64()
-        );
-        stage
-    };
-
-    // 5. every member reports its download and says Ready with the fingerprint it computed.
-    let mut ready = vec![false; members.len()];
-    let deadline = tokio::time::Instant::now() + LOAD_TIMEOUT;
-    let mut last_progress = HashMap::new();
-    while ready.iter().any(|r| !r) {
-        let (stage, msg) = tokio::time::timeout_at(deadline, inbox.recv())
-            .await
-            .map_err(|_| anyhow!("the members did not load within {LOAD_TIMEOUT:?}"))?
-            .context("member queue closed")?;
-        let name = &devices[stage];
-        match msg {
-            Ok(Some(Message::Progress(p))) => {
-                let pct = 100 * p.fetched() / p.total().max(1);
-                let shown = last_progress.entry(stage).or_insert(u64::MAX);
-                if *shown != pct && (pct % 25 == 0 || pct == 100) {
-                    *shown = pct;
-                    eprintln!(
-                        "head: {name} fetched {} of {} bytes ({pct}%)",
-                        p.fetched(),
-                        p.total()
-                    );
-                }
-            }
-            Ok(Some(Message::Ready(r))) => {
-                if r.fingerprint != fingerprint {
-                    bail!(
-                        "{name} (stage {stage}) loaded another model: fingerprint {} where the \
-                         head's is {}",
-                        hex::encode(&r.fingerprint.0[..8]),
-                        hex::encode(&fingerprint.0[..8])
-                    );
-                }
-                eprintln!("head: {name} is ready (stage {stage})");
-                ready[stage - 1] = true;
-            }
-            Ok(Some(Message::Error(e))) => {
-                bail!("{name} (stage {stage}) failed: {}", e.message.as_str())
-            }
-            Ok(Some(other)) => eprintln!("head: {name} sent an unexpected {}", other.kind()),
-            Ok(None) => bail!("{name} (stage {stage}) left the ring while loading"),
-            Err(e) => bail!("{name} (stage {stage}): {e:#}"),
-        }
-    }
-    let down = Arc::new(down.await?.context("the head's link to stage 1")?);
-    let up = Arc::new(
-        tokio::time::timeout(Duration::from_secs(30), up)
-            .await
-            .map_err(|_| anyhow!("the last stage did not connect back to the head within 30 s"))?
-            .map_err(|_| anyhow!("the last stage's link was dropped"))?
-            .context("the last stage's link to the head")?,
-    );
-    eprintln!(
-        "head: the ring is connected: {}",
-        devices.join(" -> ") + " -> head"
-    );
-
-    // Laps cross from the engine's thread to the links through two queues.
-    let (to_ring, mut to_ring_rx) = mpsc::channel::<Vec<u8>>(4);
-    let (from_ring_tx, from_ring) = std::sync::mpsc::sync_channel::<Result<Vec<u8>>>(4);
-    {
-        let down = down.clone();
-        tokio::spawn(async move {
-            while let Some(bytes) = to_ring_rx.recv().await {
-                if let Err(e) = down.send(&bytes).await {
-                    eprintln!("head: sending to stage 1: {e:#}");
-                    break;
-                }
-            }
-        });
-    }
-    {
-        let up = up.clone();
-        let last = devices.last().cloned().unwrap_or_default();
-        tokio::spawn(async move {
-            loop {
-                let msg = match up.recv().await {
-                    Some(m) => m,
-                    None => Err(anyhow!("the link from {last} closed")),
-                };
-                let end = msg.is_err();
-                if from_ring_tx.send(msg).is_err() || end {
-                    break;
-                }
-            }
-        });
-    }
-
-    let prompts: Vec<String> = match &args.prompt {
-        Some(p) => vec![p.clone()],
-        None => Vec::new(),
-    };
-    let from_stdin = args.prompt.is_none();
-    if from_stdin {
-        eprintln!("head: type a prompt and press enter (end with ctrl-d)");
-    }
-    let mut stdin_lines = from_stdin.then(|| std::io::stdin().lock().lines());
-    let mut turn = 0u64;
-    let mut queue = prompts.into_iter();
-    let mut session = Session {
-        ring,
-        opened,
-        plan,
-        head: head_stage,
-        members,
-        inbox,
-        to_ring,
-        from_ring,
-        devices,
-        excluded,
+    let mut ring = Ring {
+        settings,
+        shared: shared.clone(),
+        source: &source,
         chosen,
-        down: down.clone(),
+        fingerprint: Fingerprint(opened.checkpoint.fingerprint()),
+        plan,
+        head: None,
+        members,
+        excluded,
+        events,
+        events_tx,
+        back,
+        back_tx,
+        to_ring: None,
+        links: Vec::new(),
+        slowest_lap: Duration::ZERO,
+        next_turn: 1,
+        bytes_sent_before: 0,
     };
-    let mut failure = None;
-    loop {
-        let text = match stdin_lines.as_mut() {
-            Some(lines) => match tokio::task::block_in_place(|| lines.next()) {
-                Some(line) => line?,
-                None => break,
-            },
-            None => match queue.next() {
-                Some(p) => p,
-                None => break,
-            },
-        };
-        if text.trim().is_empty() {
-            continue;
-        }
-        turn += 1;
-        let prompt = super::run::prompt(&text, args.generate.chat);
-        let outcome = session.turn(turn, prompt).await;
-        if let Err(e) = outcome {
-            failure = Some(e);
-            break;
-        }
-    }
-    for m in &session.members {
+    let result = run_turns(&mut ring).await;
+    for m in &ring.members {
         m.control.close().await;
     }
-    down.close().await;
-    up.close().await;
-    shared.peers.lock().expect("peers lock").clear();
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
+    for link in &ring.links {
+        link.close().await;
     }
+    shared.peers.lock().expect("peers lock").clear();
+    result
 }
 
-impl Session<'_> {
-    /// One turn: the prompt around the ring, the answer streamed, the members' hops gathered, Verify.
-    async fn turn(&mut self, turn: u64, prompt: Prompt) -> Result<()> {
-        let Self {
-            ring,
-            opened,
-            plan,
-            head,
-            members,
-            inbox,
-            to_ring,
-            from_ring,
-            devices,
-            excluded,
-            chosen,
-            down,
-        } = self;
-        let (args, opts) = (ring.args, ring.opts);
-        let (opened, plan, head) = (*opened, &*plan, &*head);
-        let json = args.format.json();
-        let prompt_ids = opened.encode(&prompt).context("the prompt")?;
-        let cached = opts.path == daisy_model::ForwardPath::Cached;
-        for m in members.iter() {
-            control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await?;
-        }
-        eprintln!(
-            "head: turn {turn}: {} prompt tokens, {} path",
-            prompt_ids.len(),
-            opts.path.name()
-        );
-        let mut hops = Vec::new();
-        let mut lap_ms = Vec::new();
-        let generated = tokio::task::block_in_place(|| {
-            let mut stdout = std::io::stdout().lock();
-            let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
-                let header = LapHeader {
-                    turn,
-                    lap: pass.lap,
-                    pos0: pass.pos0,
-                    rows: pass.rows,
-                };
-                let t = Instant::now();
-                let mut sent = send(plan, head, header, 0, pass.hidden)?;
-                hops.extend(sent.hop.take());
-                to_ring.blocking_send(sent.bytes).map_err(|_| {
-                    daisy_engine::Error::Invalid("the link to stage 1 closed".into())
-                })?;
-                let back = match from_ring.recv_timeout(LAP_TIMEOUT) {
-                    Ok(Ok(bytes)) => bytes,
-                    Ok(Err(e)) => return Err(daisy_engine::Error::Invalid(format!("{e:#}"))),
-                    Err(_) => {
-                        return Err(daisy_engine::Error::Invalid(format!(
-                            "lap {} did not come back within {LAP_TIMEOUT:?}",
-                            pass.lap
-                        )));
-                    }
-                };
-                let out = receive_at_head(plan, head, &back);
-                lap_ms.push(t.elapsed().as_secs_f64() * 1e3);
-                out
-            };
-            generate_turn(opened, head, &prompt_ids, opts, &mut lap, &mut |t| {
-                if !json {
-                    let _ = write!(stdout, "{}", t.text).and_then(|()| stdout.flush());
-                }
-                ControlFlow::Continue(())
-            })
-        })?;
-        if !json {
-            println!();
-        }
-        // Every member's hop of the first lap, in hop order after the head's.
-        let mut member_hops: Vec<Option<daisy_engine::Hop>> = vec![None; members.len()];
-        while member_hops.iter().any(Option::is_none) {
-            let (stage, msg) = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
-                .await
-                .map_err(|_| anyhow!("the members did not report their hops within 10 s"))?
-                .context("member queue closed")?;
-            match msg {
-                Ok(Some(Message::Hop(h))) if h.turn == turn && h.hop == stage => {
-                    member_hops[stage - 1] = Some(daisy_engine::Hop {
-                        after_layer: h.after_layer,
-                        sha256: h.sha256.0,
-                    });
-                }
-                Ok(Some(Message::Error(e))) => {
-                    bail!(
-                        "{} (stage {stage}) failed: {}",
-                        devices[stage],
-                        e.message.as_str()
-                    )
-                }
-                Ok(None) => bail!("{} (stage {stage}) left the ring", devices[stage]),
-                Err(e) => bail!("{} (stage {stage}): {e:#}", devices[stage]),
-                Ok(Some(_)) => {}
-            }
-        }
-        hops.extend(member_hops.into_iter().flatten());
-        let t = generated.timings;
-        let stats = lap_stats(lap_ms);
-        eprintln!(
-            "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
-            generated.generation.ids.len(),
-            t.prefill_tokens_per_s,
-            t.decode_tokens_per_s,
-            stats.p50_ms,
-            stats.p99_ms
-        );
-        if generated.json_complete == Some(false) {
-            bail!(
-                "json-output: the value is not complete after --max-new-tokens {}",
-                opts.max_new_tokens
-            );
-        }
-        let verified = if args.no_verify {
-            eprintln!("head: verify skipped (--no-verify)");
-            None
-        } else {
-            let backend = chosen.backend.clone();
-            let report = tokio::task::block_in_place(|| {
-                verify(
-                    opened,
-                    None,
-                    head.precision(),
-                    &backend,
-                    &prompt_ids,
-                    opts,
-                    &generated.generation.ids,
-                )
-            })
-            .context("verify: the head could not re-run the turn with every layer")?;
-            eprintln!("head: {}", report.summary());
-            Some(report)
-        };
-        let failed = verified.as_ref().is_some_and(|v| !v.matched);
-        if json {
-            let report = RingReport {
-                turn: TurnReport {
-                    prompt_ids,
-                    ids: generated.generation.ids.clone(),
-                    text: generated.text,
-                    plan: plan_ranges(plan),
-                    stages: plan.stages().iter().map(|s| s.len()).collect(),
-                    fingerprint: hex::encode(head.fingerprint()),
-                    backend: BackendReport {
-                        name: head.backend().name().to_string(),
-                        adapter: chosen.adapter.clone(),
-                    },
-                    precision: head.precision().name(),
-                    path: opts.path.name(),
-                    hops: HopReport::list(&hops),
-                    laps: generated.generation.laps,
-                    cancelled: generated.generation.cancelled,
-                    verify: verified,
-                    json_complete: generated.json_complete,
-                    timings: generated.timings,
-                    params: opened.config().num_params(),
-                    peak_rss_bytes: peak_rss_bytes(),
-                },
-                devices: devices.to_vec(),
-                excluded: excluded.to_vec(),
-                lap_ms: stats,
-                bytes_sent_by_head: down.bytes_sent(),
-                bytes_served: ring.served.as_ref().map(super::mirror::Served::by_client),
-            };
-            println!("{}", serde_json::to_string(&report)?);
-        }
-        if failed {
-            bail!("verify failed: the ring and the head's unsplit run gave different ids");
-        }
-        Ok(())
+async fn run_turns(ring: &mut Ring<'_>) -> Result<()> {
+    let args = ring.settings.args;
+    ring.establish().await.map_err(Failure::into_error)?;
+    let _ = &ring.events_tx;
+    if let Some(p) = &args.prompt {
+        return ring.turn(super::run::prompt(p, args.generate.chat)).await;
     }
+    eprintln!("head: type a prompt and press enter (end with ctrl-d)");
+    let mut lines = std::io::stdin().lock().lines();
+    while let Some(line) = tokio::task::block_in_place(|| lines.next()) {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        ring.turn(super::run::prompt(&line, args.generate.chat))
+            .await?;
+    }
+    Ok(())
 }

@@ -296,11 +296,7 @@ async fn member(
 
     let result = serve_ring(&control, &backend, &device, &join, &mut up_rx, &mut down_rx).await;
     if let Err(e) = &result {
-        let report = Message::Error(ErrorReport {
-            turn: None,
-            message: Text::new(&truncate(&format!("{e:#}"), 200))
-                .unwrap_or_else(|_| Text::new("failed").expect("plain text")),
-        });
+        let report = Message::Error(error_report(None, &format!("{e:#}")));
         let _ = control::send(&control, &report).await;
     }
     control.close().await;
@@ -316,114 +312,54 @@ fn truncate(s: &str, n: usize) -> String {
     clean.chars().take(n).collect()
 }
 
-async fn serve_ring(
-    control: &Arc<Link>,
-    backend: &Arc<dyn daisy_gemm_int8::Backend>,
-    device: &str,
-    join: &JoinUrl,
-    up_rx: &mut mpsc::Receiver<Link>,
-    down_rx: &mut mpsc::Receiver<Link>,
-) -> Result<()> {
-    let mut placement: Option<Placement> = None;
-    // Until assigned: answer probes, take the plan.
-    let assignment: Assignment = loop {
-        match control::recv(control).await? {
-            None => {
-                eprintln!("join: the head closed the ring before assigning layers");
-                return Ok(());
-            }
-            Some(Message::ProbeRequest(p)) => {
-                let backend = backend.clone();
-                let (hash, rate) =
-                    tokio::task::spawn_blocking(move || control::probe(&backend, p.seed)).await??;
-                let result = ProbeResult {
-                    seed: p.seed,
-                    hash,
-                    gemm_rate: GemmRate::new(rate)?,
-                };
-                control::send(control, &Message::ProbeResult(result)).await?;
-            }
-            Some(Message::Plan(p)) => placement = Some(p),
-            Some(Message::Assignment(a)) => break a,
-            Some(other) => eprintln!("join: ignored {} before the assignment", other.kind()),
-        }
-    };
-    let placement = placement.context("the head assigned layers before sending the plan")?;
-    let index = assignment.stage();
-    if placement.stage_of(&DeviceId::parse(device)?) != Some(index) || index == 0 {
-        bail!("the assignment names stage {index}, which the plan does not give this device");
-    }
-    let plan = placement.plan().clone();
-    if plan.stages()[index].layers != assignment.layers() {
-        bail!("the assignment's layers differ from the plan's for stage {index}");
-    }
-    eprintln!(
-        "join: stage {index} of {}: layers {}..{} of {}@{}",
-        plan.len(),
-        assignment.layers().start,
-        assignment.layers().end,
-        assignment.repo(),
-        &assignment.commit().as_str()[..12]
-    );
+/// One plan's worth of the ring on this device: the compute thread and the links that feed it.
+struct Epoch {
+    input: std::sync::mpsc::Sender<Input>,
+    worker: std::thread::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    links: Vec<Arc<Link>>,
+}
 
-    // Load: only this stage's byte ranges, progress reported to the head.
-    let (progress_tx, mut progress_rx) = mpsc::channel::<(u64, u64)>(8);
-    let mut load = {
-        let backend = backend.clone();
-        let assignment = assignment.clone();
-        let base = join.base.clone();
-        let device = device.to_string();
-        tokio::task::spawn_blocking(move || {
-            load(&base, &device, &assignment, &backend, progress_tx)
-        })
-    };
-    let stage = loop {
-        tokio::select! {
-            Some((fetched, total)) = progress_rx.recv() => {
-                if let Ok(p) = Progress::new(fetched.min(total), total) {
-                    control::send(control, &Message::Progress(p)).await?;
-                }
-            }
-            done = &mut load => break done??,
+impl Epoch {
+    async fn stop(self) {
+        drop(self.input);
+        for t in &self.tasks {
+            t.abort();
         }
-    };
-    let fingerprint = Fingerprint(stage.fingerprint());
-    if fingerprint != *assignment.fingerprint() {
-        bail!(
-            "the fetched slice is of another model: fingerprint {} where the head expects {}",
-            hex::encode(&fingerprint.0[..8]),
-            hex::encode(&assignment.fingerprint().0[..8])
-        );
+        for l in &self.links {
+            l.close().await;
+        }
+        let worker = self.worker;
+        let _ = tokio::task::spawn_blocking(move || worker.join()).await;
     }
-    let up = tokio::time::timeout(Duration::from_secs(30), up_rx.recv())
-        .await
-        .map_err(|_| anyhow!("the previous stage did not connect within 30 s"))?
-        .context("signaling closed before the previous stage connected")?;
-    let down = tokio::time::timeout(Duration::from_secs(30), down_rx.recv())
-        .await
-        .map_err(|_| anyhow!("the link to the next stage did not open within 30 s"))?
-        .context("signaling closed before the next stage connected")?;
-    control::send(control, &Message::Ready(Ready { fingerprint })).await?;
-    eprintln!("join: ready; waiting for activations");
+}
 
-    // Compute on a thread of its own; the links feed it and forward what it sends.
+/// A failure of the compute thread or a link, with the epoch it happened in.
+type Failed = (u64, String);
+
+#[allow(clippy::too_many_arguments)]
+fn start_epoch(
+    epoch: u64,
+    plan: daisy_wire::Plan,
+    index: usize,
+    stage: Arc<Stage>,
+    up: Link,
+    down: Link,
+    hops: mpsc::Sender<HopRecord>,
+    fail: mpsc::Sender<Failed>,
+) -> Result<Epoch> {
     let (input_tx, input_rx) = std::sync::mpsc::channel::<Input>();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(4);
-    let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
-    let (fail_tx, mut fail_rx) = mpsc::channel::<String>(2);
-    let link_fail = fail_tx.clone();
     let worker = std::thread::Builder::new()
         .name(format!("stage-{index}"))
         .spawn({
-            let fail_tx = fail_tx.clone();
-            move || compute(plan, index, stage, input_rx, out_tx, hop_tx, fail_tx)
+            let fail = fail.clone();
+            move || compute(epoch, plan, index, stage, input_rx, out_tx, hops, fail)
         })?;
-    let down = Arc::new(down);
-    let up = Arc::new(up);
-    {
+    let (up, down) = (Arc::new(up), Arc::new(down));
+    let reader = {
         let input_tx = input_tx.clone();
         let up = up.clone();
-        let fail = fail_tx.clone();
         tokio::spawn(async move {
             // A closed link ends quietly (the head notices the lap that does not come back); a
             // refused frame ends the member with the refusal.
@@ -435,55 +371,194 @@ async fn serve_ring(
                         }
                     }
                     Err(e) => {
-                        let _ = fail
-                            .send(format!("the link from the previous stage: {e:#}"))
-                            .await;
+                        let why = format!("the link from the previous stage: {e:#}");
+                        let _ = fail.send((epoch, why)).await;
                         break;
                     }
                 }
             }
-        });
-    }
-    let forward = {
+        })
+    };
+    let writer = {
         let down = down.clone();
-        let fail = link_fail;
         tokio::spawn(async move {
+            // A neighbour that dies is the head's to replan around: this member waits for the
+            // new plan instead of failing.
             while let Some(bytes) = out_rx.recv().await {
                 if let Err(e) = down.send(&bytes).await {
-                    let _ = fail
-                        .send(format!("the link to the next stage: {e:#}"))
-                        .await;
+                    eprintln!("join: the link to the next stage: {e:#}; waiting for a new plan");
                     break;
                 }
             }
         })
     };
+    Ok(Epoch {
+        input: input_tx,
+        worker,
+        tasks: vec![reader, writer],
+        links: vec![up, down],
+    })
+}
+
+/// Load the assignment's layers (or keep the ones held when they are the same), reporting progress.
+async fn take_assignment(
+    control: &Arc<Link>,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    device: &str,
+    join: &JoinUrl,
+    assignment: &Assignment,
+    held: Option<Arc<Stage>>,
+) -> Result<Arc<Stage>> {
+    if let Some(stage) = held.filter(|s| s.layers() == assignment.layers()) {
+        eprintln!("join: keeping layers {:?}", stage.layers());
+        return Ok(stage);
+    }
+    let (progress_tx, mut progress_rx) = mpsc::channel::<(u64, u64)>(8);
+    let mut load = {
+        let backend = backend.clone();
+        let assignment = assignment.clone();
+        let base = join.base.clone();
+        let device = device.to_string();
+        tokio::task::spawn_blocking(move || {
+            load(&base, &device, &assignment, &backend, progress_tx)
+        })
+    };
+    loop {
+        tokio::select! {
+            Some((fetched, total)) = progress_rx.recv() => {
+                if let Ok(p) = Progress::new(fetched.min(total), total) {
+                    control::send(control, &Message::Progress(p)).await?;
+                }
+            }
+            done = &mut load => break Ok(Arc::new(done??)),
+        }
+    }
+}
+
+async fn serve_ring(
+    control: &Arc<Link>,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    device: &str,
+    join: &JoinUrl,
+    up_rx: &mut mpsc::Receiver<Link>,
+    down_rx: &mut mpsc::Receiver<Link>,
+) -> Result<()> {
+    let me = DeviceId::parse(device)?;
+    let mut placement: Option<Placement> = None;
+    let mut held: Option<Arc<Stage>> = None;
+    let mut current: Option<Epoch> = None;
+    let mut epoch = 0u64;
+    let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
+    let (fail_tx, mut fail_rx) = mpsc::channel::<Failed>(4);
     let outcome = loop {
         tokio::select! {
             msg = control::recv(control) => match msg {
-                Ok(Some(Message::Turn(t))) => {
-                    let _ = input_tx.send(Input::Turn(t));
-                }
-                Ok(Some(Message::Cancel(_))) => {}
-                Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
                 Ok(None) => {
                     eprintln!("join: the head closed the ring");
                     break Ok(());
                 }
                 Err(e) => break Err(e.context("the control link")),
+                Ok(Some(Message::ProbeRequest(p))) => {
+                    let backend = backend.clone();
+                    let probed =
+                        tokio::task::spawn_blocking(move || control::probe(&backend, p.seed)).await?;
+                    let reply = match probed {
+                        Ok((hash, rate)) => Message::ProbeResult(ProbeResult {
+                            seed: p.seed,
+                            hash,
+                            gemm_rate: GemmRate::new(rate)?,
+                        }),
+                        Err(e) => Message::Error(error_report(None, &format!("{e:#}"))),
+                    };
+                    control::send(control, &reply).await?;
+                }
+                Ok(Some(Message::Heartbeat(h))) => {
+                    control::send(control, &Message::Heartbeat(h)).await?;
+                }
+                Ok(Some(Message::Plan(p))) => placement = Some(p),
+                Ok(Some(Message::Assignment(a))) => {
+                    // A new plan: the old links and thread go, the layers stay when they are the same.
+                    if let Some(e) = current.take() {
+                        e.stop().await;
+                    }
+                    epoch += 1;
+                    let Some(p) = placement.as_ref() else {
+                        break Err(anyhow!("the head assigned layers before sending the plan"));
+                    };
+                    let index = a.stage();
+                    if p.stage_of(&me) != Some(index) || index == 0 {
+                        break Err(anyhow!(
+                            "the assignment names stage {index}, which the plan does not give this device"
+                        ));
+                    }
+                    let plan = p.plan().clone();
+                    if plan.stages()[index].layers != a.layers() {
+                        break Err(anyhow!("the assignment's layers differ from the plan's for stage {index}"));
+                    }
+                    eprintln!(
+                        "join: stage {index} of {}: layers {}..{} of {}@{}",
+                        plan.len(),
+                        a.layers().start,
+                        a.layers().end,
+                        a.repo(),
+                        &a.commit().as_str()[..12]
+                    );
+                    let stage = take_assignment(control, backend, device, join, &a, held.take()).await?;
+                    let fingerprint = Fingerprint(stage.fingerprint());
+                    if fingerprint != *a.fingerprint() {
+                        eprintln!(
+                            "join: the slice fetched is of another model (fingerprint {} where the \
+                             head expects {}); the head will refuse it",
+                            hex::encode(&fingerprint.0[..8]),
+                            hex::encode(&a.fingerprint().0[..8])
+                        );
+                    }
+                    held = Some(stage.clone());
+                    let up = tokio::time::timeout(Duration::from_secs(30), up_rx.recv())
+                        .await
+                        .map_err(|_| anyhow!("the previous stage did not connect within 30 s"))?
+                        .context("signaling closed before the previous stage connected")?;
+                    let down = tokio::time::timeout(Duration::from_secs(30), down_rx.recv())
+                        .await
+                        .map_err(|_| anyhow!("the link to the next stage did not open within 30 s"))?
+                        .context("signaling closed before the next stage connected")?;
+                    control::send(control, &Message::Ready(Ready { fingerprint })).await?;
+                    eprintln!("join: ready; waiting for activations");
+                    current = Some(start_epoch(
+                        epoch, plan, index, stage, up, down, hop_tx.clone(), fail_tx.clone(),
+                    )?);
+                }
+                Ok(Some(Message::Turn(t))) => {
+                    if let Some(e) = &current {
+                        let _ = e.input.send(Input::Turn(t));
+                    }
+                }
+                Ok(Some(Message::Cancel(_))) => {}
+                Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
             Some(hop) = hop_rx.recv() => {
                 control::send(control, &Message::Hop(hop)).await?;
             }
-            Some(why) = fail_rx.recv() => break Err(anyhow!(why)),
+            Some((at, why)) = fail_rx.recv() => {
+                // A failure of an epoch already replaced is the old plan's, not this one's.
+                if at == epoch {
+                    break Err(anyhow!(why));
+                }
+            }
         }
     };
-    drop(input_tx);
-    forward.abort();
-    down.close().await;
-    up.close().await;
-    let _ = worker.join();
+    if let Some(e) = current.take() {
+        e.stop().await;
+    }
     outcome
+}
+
+fn error_report(turn: Option<u64>, message: &str) -> ErrorReport {
+    ErrorReport {
+        turn,
+        message: Text::new(&truncate(message, 200))
+            .unwrap_or_else(|_| Text::new("failed").expect("plain text")),
+    }
 }
 
 /// Fetch and build this device's stage.
@@ -559,14 +634,16 @@ fn load(
 }
 
 /// The compute thread: every activation waits for its turn's start, then runs through this stage.
+#[allow(clippy::too_many_arguments)]
 fn compute(
+    epoch: u64,
     plan: daisy_wire::Plan,
     index: usize,
-    stage: Stage,
+    stage: Arc<Stage>,
     input: std::sync::mpsc::Receiver<Input>,
     out: mpsc::Sender<Vec<u8>>,
     hops: mpsc::Sender<HopRecord>,
-    fail: mpsc::Sender<String>,
+    fail: mpsc::Sender<Failed>,
 ) {
     let mut member = Member::new(&plan, index, &stage);
     let mut turns: HashMap<u64, bool> = HashMap::new();
@@ -581,8 +658,9 @@ fn compute(
                 sha256: daisy_wire::Hash(hop.sha256),
             });
         }
-        out.blocking_send(sent.bytes)
-            .map_err(|_| anyhow!("the link to the next stage closed"))
+        // With the link to the next stage gone, the head replans; nothing to report here.
+        let _ = out.blocking_send(sent.bytes);
+        Ok(())
     };
     while let Ok(msg) = input.recv() {
         let result = match msg {
@@ -595,7 +673,7 @@ fn compute(
             Input::Activation(bytes) => dispatch(&bytes, &turns, &mut waiting, &mut step),
         };
         if let Err(e) = result {
-            let _ = fail.blocking_send(format!("stage {index}: {e:#}"));
+            let _ = fail.blocking_send((epoch, format!("stage {index}: {e:#}")));
             return;
         }
     }
