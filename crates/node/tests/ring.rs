@@ -77,75 +77,155 @@ fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String
     })
 }
 
-/// Start a head on `model` with `head_args`, then one member per entry of `members` (each given the
-/// join URL on stdin, or the URL with `secret` put in place of the head's), and wait for all.
-fn ring(model: &Path, head_args: &[&str], members: &[Option<&str>]) -> RingRun {
-    let mut procs = Procs(Vec::new());
-    let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["head", "--model"])
-        .arg(model)
-        .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
-        .args(head_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the head starts");
-    let mut out = BufReader::new(head.stdout.take().unwrap());
-    let head_err = read_all(head.stderr.take().unwrap());
-    procs.0.push(head);
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let join_url = first
-        .trim()
-        .strip_prefix("join: ")
-        .unwrap_or_else(|| panic!("no join URL, got {first:?}"))
-        .to_string();
-    let mut member_errs = Vec::new();
-    for (i, secret) in members.iter().enumerate() {
-        let url = match secret {
-            None => join_url.clone(),
-            Some(s) => format!("{}#{s}", join_url.split('#').next().unwrap()),
-        };
-        let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
-            .args(["join", "--backend", "cpu", "--name", &format!("member-{i}")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+/// A ring being run: the head's stderr readable line by line while it runs.
+struct Live {
+    procs: Procs,
+    head_out: std::thread::JoinHandle<String>,
+    head_lines: std::sync::mpsc::Receiver<String>,
+    head_err: std::thread::JoinHandle<String>,
+    members_err: Vec<std::thread::JoinHandle<String>>,
+    join_url: String,
+}
+
+impl Live {
+    /// Start a head on `model` with `head_args`, then one member per entry of `members` (each given
+    /// the join URL on stdin, or the URL with the given secret put in place of the head's).
+    fn start(model: &Path, head_args: &[&str], members: &[Option<&str>]) -> Self {
+        let mut procs = Procs(Vec::new());
+        let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
+            .args(["head", "--model"])
+            .arg(model)
+            .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
+            .args(head_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("a member starts");
-        writeln!(m.stdin.take().unwrap(), "{url}").unwrap();
-        member_errs.push(read_all(m.stderr.take().unwrap()));
-        procs.0.push(m);
-    }
-    let head_out = {
-        let mut s = String::new();
-        out.read_to_string(&mut s).unwrap();
-        s
-    };
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let mut codes = Vec::new();
-    for c in &mut procs.0 {
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break Some(s);
+            .expect("the head starts");
+        let mut out = BufReader::new(head.stdout.take().unwrap());
+        let err = BufReader::new(head.stderr.take().unwrap());
+        let (tx, head_lines) = std::sync::mpsc::channel();
+        let head_err = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in err.lines().map_while(Result::ok) {
+                all.push_str(&line);
+                all.push('\n');
+                let _ = tx.send(line);
             }
-            if Instant::now() > deadline {
-                break None;
+            all
+        });
+        procs.0.push(head);
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let join_url = first
+            .trim()
+            .strip_prefix("join: ")
+            .unwrap_or_else(|| panic!("no join URL, got {first:?}"))
+            .to_string();
+        let head_out = read_all(out);
+        let mut members_err = Vec::new();
+        for (i, secret) in members.iter().enumerate() {
+            let url = match secret {
+                None => join_url.clone(),
+                Some(s) => format!("{}#{s}", join_url.split('#').next().unwrap()),
+            };
+            let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
+                .args(["join", "--backend", "cpu", "--name", &format!("member-{i}")])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("a member starts");
+            writeln!(m.stdin.take().unwrap(), "{url}").unwrap();
+            members_err.push(read_all(m.stderr.take().unwrap()));
+            procs.0.push(m);
+        }
+        Self {
+            procs,
+            head_out,
+            head_lines,
+            head_err,
+            members_err,
+            join_url,
+        }
+    }
+
+    /// The next line of the head's stderr that contains `pattern` (panics after 120 s).
+    fn wait_for(&self, pattern: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.head_lines.recv_timeout(left) {
+                Ok(line) if line.contains(pattern) => return line,
+                Ok(_) => {}
+                Err(_) => break,
             }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        codes.push(status.is_some_and(|s| s.success()));
+        }
+        panic!("the head never printed {pattern:?}");
     }
-    drop(procs);
-    RingRun {
-        head_ok: codes[0],
-        head_out,
-        head_err: head_err.join().unwrap(),
-        members_ok: codes[1..].to_vec(),
-        members_err: member_errs.into_iter().map(|h| h.join().unwrap()).collect(),
-        join_url,
+
+    /// The process of the member named `device` (`member-N`).
+    fn member(&mut self, device: &str) -> &mut Child {
+        let i: usize = device.strip_prefix("member-").unwrap().parse().unwrap();
+        &mut self.procs.0[i + 1]
     }
+
+    /// Send `signal` (`KILL`, `STOP`) to the member holding stage `stage`, named in the head's plan
+    /// line `head: stage N = member-M holds …` (which `wait_for` must have returned).
+    fn signal(&mut self, plan_line: &str, signal: &str) -> String {
+        let device = plan_line
+            .split(" = ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap()
+            .to_string();
+        let pid = self.member(&device).id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{signal} {pid}");
+        device
+    }
+
+    /// Wait for the head to end (up to 300 s) and the members after it (up to 15 s more; the rest
+    /// are killed), and collect what they left.
+    fn finish(mut self) -> RingRun {
+        let mut deadline = Instant::now() + Duration::from_secs(300);
+        let mut codes = Vec::new();
+        for (i, c) in self.procs.0.iter_mut().enumerate() {
+            if i == 1 {
+                deadline = deadline.min(Instant::now() + Duration::from_secs(15));
+            }
+            let status = loop {
+                if let Some(s) = c.try_wait().unwrap() {
+                    break Some(s);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            codes.push(status.is_some_and(|s| s.success()));
+        }
+        drop(self.procs);
+        RingRun {
+            head_ok: codes[0],
+            head_out: self.head_out.join().unwrap(),
+            head_err: self.head_err.join().unwrap(),
+            members_ok: codes[1..].to_vec(),
+            members_err: self
+                .members_err
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect(),
+            join_url: self.join_url,
+        }
+    }
+}
+
+fn ring(model: &Path, head_args: &[&str], members: &[Option<&str>]) -> RingRun {
+    Live::start(model, head_args, members).finish()
 }
 
 /// The oracle: the same split in one process, every hop through the same wire.
@@ -322,4 +402,88 @@ fn a_member_without_the_secret_is_refused_at_signaling() {
     assert_eq!(report["verify"]["match"], true);
     assert_eq!(report["devices"][1], "member-1");
     assert!(run.members_ok[1], "{}", run.members_err[1]);
+}
+
+/// A long turn on three processes, in which something happens to a member once the turn runs.
+fn long_turn() -> Vec<&'static str> {
+    vec![
+        "--stages",
+        "10,10,10",
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "300",
+        "--ignore-eos",
+        "--format",
+        "json",
+    ]
+}
+
+fn check_one_replay(signal: &str) {
+    let mut live = Live::start(&smollm2(), &long_turn(), &[None, None]);
+    let plan_line = live.wait_for("head: stage 2 = ");
+    live.wait_for("head: a turn of");
+    std::thread::sleep(Duration::from_millis(300));
+    let gone = live.signal(&plan_line, signal);
+    live.wait_for("replaying the turn from the start");
+    live.wait_for("head: verify");
+    // A stopped member never ends by itself.
+    let _ = live.member(&gone).kill();
+    let run = live.finish();
+    let report = run.report();
+    assert_eq!(report["replays"], 1, "{}", run.head_err);
+    assert_eq!(report["ids"].as_array().unwrap().len(), 300);
+    assert_eq!(report["verify"]["match"], true, "{}", report["verify"]);
+    let devices: Vec<&str> = report["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    assert!(!devices.contains(&gone.as_str()), "{devices:?}");
+    assert_eq!(report["plan"], serde_json::json!([[0, 10], [10, 30]]));
+    assert!(
+        report["excluded"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{gone}: dropped")),
+        "{}",
+        report["excluded"]
+    );
+    let survivor = if gone == "member-0" { 1 } else { 0 };
+    assert!(run.members_ok[survivor], "{}", run.members_err[survivor]);
+}
+
+#[test]
+fn a_member_killed_mid_turn_costs_exactly_one_replay() {
+    check_one_replay("KILL");
+}
+
+#[test]
+fn a_member_stopped_mid_turn_costs_exactly_one_replay() {
+    check_one_replay("STOP");
+}
+
+#[test]
+fn a_second_kill_in_the_replay_ends_the_turn_with_one_clear_error() {
+    let mut live = Live::start(&smollm2(), &long_turn(), &[None, None]);
+    let stage1 = live.wait_for("head: stage 1 = ");
+    let stage2 = live.wait_for("head: stage 2 = ");
+    live.wait_for("head: a turn of");
+    std::thread::sleep(Duration::from_millis(300));
+    live.signal(&stage2, "KILL");
+    live.wait_for("replaying the turn from the start");
+    live.wait_for("head: the ring is connected");
+    std::thread::sleep(Duration::from_millis(300));
+    let second = live.signal(&stage1, "KILL");
+    let run = live.finish();
+    assert!(!run.head_ok, "the head must fail: {}", run.head_err);
+    let last = run.head_err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: the turn failed again in its replay: member ")
+            && last.contains(&second),
+        "{}",
+        run.head_err
+    );
 }
