@@ -28,6 +28,8 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--features",
+            "node/test-corrupt-kernel",
             "--",
             "-D",
             "warnings",
@@ -55,7 +57,13 @@ fn private_runtime_dir() -> anyhow::Result<Option<tempfile::TempDir>> {
 /// `cargo test --workspace`, its output streamed through as it comes and its `test result:` lines
 /// summed; ends with the line `N passed, M failed`.
 fn test_workspace() -> anyhow::Result<()> {
-    let args = ["test", "--workspace"];
+    // The test-only kernel corruption switch is compiled in for the test run (never in a release).
+    let args = [
+        "test",
+        "--workspace",
+        "--features",
+        "node/test-corrupt-kernel",
+    ];
     eprintln!("$ {}", crate::quoted("cargo", &args));
     let mut child = Command::new("cargo")
         .args(args)

@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod control;
+#[cfg(feature = "test-corrupt-kernel")]
+mod corrupt;
 mod net;
 mod rtc;
 mod signal;

@@ -84,6 +84,8 @@ struct Live {
     head_lines: std::sync::mpsc::Receiver<String>,
     head_err: std::thread::JoinHandle<String>,
     members_err: Vec<std::thread::JoinHandle<String>>,
+    /// Each member's name, in the order they were started.
+    names: Vec<String>,
     join_url: String,
 }
 
@@ -123,31 +125,41 @@ impl Live {
             .unwrap_or_else(|| panic!("no join URL, got {first:?}"))
             .to_string();
         let head_out = read_all(out);
-        let mut members_err = Vec::new();
-        for (i, secret) in members.iter().enumerate() {
-            let url = match secret {
-                None => join_url.clone(),
-                Some(s) => format!("{}#{s}", join_url.split('#').next().unwrap()),
-            };
-            let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
-                .args(["join", "--backend", "cpu", "--name", &format!("member-{i}")])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("a member starts");
-            writeln!(m.stdin.take().unwrap(), "{url}").unwrap();
-            members_err.push(read_all(m.stderr.take().unwrap()));
-            procs.0.push(m);
-        }
-        Self {
+        let mut live = Self {
             procs,
             head_out,
             head_lines,
             head_err,
-            members_err,
+            members_err: Vec::new(),
+            names: Vec::new(),
             join_url,
+        };
+        for (i, secret) in members.iter().enumerate() {
+            live.join(&format!("member-{i}"), *secret, &[], &[]);
         }
+        live
+    }
+
+    /// Start a member named `name` with the join URL on stdin (its secret replaced by `secret`
+    /// when given), extra arguments and environment.
+    fn join(&mut self, name: &str, secret: Option<&str>, args: &[&str], env: &[(&str, &str)]) {
+        let url = match secret {
+            None => self.join_url.clone(),
+            Some(s) => format!("{}#{s}", self.join_url.split('#').next().unwrap()),
+        };
+        let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
+            .args(["join", "--backend", "cpu", "--name", name])
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("a member starts");
+        writeln!(m.stdin.take().unwrap(), "{url}").unwrap();
+        self.members_err.push(read_all(m.stderr.take().unwrap()));
+        self.names.push(name.to_string());
+        self.procs.0.push(m);
     }
 
     /// The next line of the head's stderr that contains `pattern` (panics after 120 s).
@@ -165,7 +177,7 @@ impl Live {
 
     /// The process of the member named `device` (`member-N`).
     fn member(&mut self, device: &str) -> &mut Child {
-        let i: usize = device.strip_prefix("member-").unwrap().parse().unwrap();
+        let i = self.names.iter().position(|n| n == device).unwrap();
         &mut self.procs.0[i + 1]
     }
 
@@ -486,4 +498,92 @@ fn a_second_kill_in_the_replay_ends_the_turn_with_one_clear_error() {
         "{}",
         run.head_err
     );
+}
+
+fn tiny_turn() -> Vec<&'static str> {
+    vec![
+        "--stages",
+        "1,2",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "4",
+        "--ignore-eos",
+        "--format",
+        "json",
+    ]
+}
+
+#[test]
+fn a_member_holding_another_models_slice_is_refused_by_fingerprint() {
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let tmp = tempfile::tempdir().unwrap();
+    let other = tmp.path().join("gpt2-other");
+    std::fs::create_dir(&other).unwrap();
+    for entry in std::fs::read_dir(&gpt2).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), other.join(entry.file_name())).unwrap();
+    }
+    // Another model: the same shapes, another layer-norm epsilon.
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(other.join("config.json")).unwrap()).unwrap();
+    config["layer_norm_epsilon"] = serde_json::json!(1e-3);
+    std::fs::write(other.join("config.json"), config.to_string()).unwrap();
+
+    let mut live = Live::start(&gpt2, &tiny_turn(), &[]);
+    live.join("member-0", None, &["--model", other.to_str().unwrap()], &[]);
+    let run = live.finish();
+    let report = run.report();
+    assert_eq!(
+        report["devices"],
+        serde_json::json!(["head"]),
+        "{}",
+        run.head_err
+    );
+    assert_eq!(report["plan"], serde_json::json!([[0, 3]]));
+    let excluded = report["excluded"][0].as_str().unwrap();
+    assert!(
+        excluded
+            .starts_with("member-0: dropped, refused: it holds another model's slice (fingerprint"),
+        "{excluded}"
+    );
+    assert_eq!(report["verify"]["match"], true);
+    // The mutation: the same copy, unchanged, is the same model and is taken.
+    std::fs::copy(gpt2.join("config.json"), other.join("config.json")).unwrap();
+    let mut live = Live::start(&gpt2, &tiny_turn(), &[]);
+    live.join("member-0", None, &["--model", other.to_str().unwrap()], &[]);
+    let report = live.finish().report();
+    assert_eq!(report["devices"], serde_json::json!(["head", "member-0"]));
+    assert_eq!(
+        report["bytes_served"]["member-0"],
+        Value::Null,
+        "read locally, fetched nothing"
+    );
+}
+
+#[test]
+fn a_member_whose_probe_disagrees_is_left_out_visibly() {
+    if !cfg!(feature = "test-corrupt-kernel") {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "this test needs `--features node/test-corrupt-kernel` (cargo xtask ci enables it)"
+        );
+        eprintln!("skipped: build with --features node/test-corrupt-kernel to run it");
+        return;
+    }
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let mut live = Live::start(&gpt2, &tiny_turn(), &[]);
+    live.join("member-0", None, &[], &[("DAISY_TEST_CORRUPT_KERNEL", "1")]);
+    let line = live.wait_for("member-0: left out");
+    assert!(line.contains("probe"), "{line}");
+    live.join("member-1", None, &[], &[]);
+    let run = live.finish();
+    let report = run.report();
+    assert_eq!(report["devices"], serde_json::json!(["head", "member-1"]));
+    let excluded = report["excluded"][0].as_str().unwrap();
+    assert!(
+        excluded.starts_with("member-0: left out, its probe"),
+        "{excluded}"
+    );
+    assert_eq!(report["verify"]["match"], true);
 }

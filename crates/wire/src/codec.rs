@@ -12,8 +12,8 @@ use serde::Deserialize;
 use crate::message::{activation_hash, check_activation_body};
 use crate::{
     Activation, Assignment, Cancel, Commit, DeviceId, Error, ErrorReport, Fingerprint, GemmRate,
-    Hash, Heartbeat, Hello, HopRecord, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
-    ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, Text, TurnStart,
+    Hash, Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan,
+    Positions, ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, Text, TurnStart,
 };
 
 /// Encodes a message to its postcard bytes.
@@ -67,6 +67,7 @@ enum RawMessage {
     Heartbeat(Heartbeat),
     Turn(TurnStart),
     Hop(HopRecord),
+    Links(LinkIds),
 }
 
 #[derive(Deserialize)]
@@ -219,6 +220,7 @@ impl RawMessage {
             Self::Heartbeat(h) => Message::Heartbeat(h),
             Self::Turn(t) => Message::Turn(t),
             Self::Hop(h) => Message::Hop(h),
+            Self::Links(l) => Message::Links(l),
         })
     }
 }

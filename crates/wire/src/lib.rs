@@ -22,7 +22,7 @@ pub use ids::{
     MAX_TEXT, ModelRef, RepoId, Revision, Text,
 };
 pub use message::{
-    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, Message,
+    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, LinkIds, Message,
     PROTOCOL_VERSION, Placement, Positions, ProbeRequest, ProbeResult, Progress, Ready, TurnStart,
 };
 pub use plan::{Plan, StageSpan, Violation, Violations, validate_stages};

@@ -40,6 +40,8 @@ pub enum Message {
     Turn(TurnStart),
     /// A member reports the hash of the hidden state it sent on the first lap of a turn.
     Hop(HopRecord),
+    /// The head names the links (by their signaling ids) a member receives from and sends on.
+    Links(LinkIds),
 }
 
 impl Message {
@@ -69,6 +71,7 @@ impl Message {
             Self::Heartbeat(_) => "heartbeat",
             Self::Turn(_) => "turn",
             Self::Hop(_) => "hop",
+            Self::Links(_) => "links",
         }
     }
 }
@@ -273,6 +276,15 @@ pub struct HopRecord {
     pub hop: usize,
     pub after_layer: usize,
     pub sha256: Hash,
+}
+
+/// The signaling ids of the two ring links of a member under the current plan: the one from the
+/// stage before it (`up`) and the one to the stage after it (`down`). Links of an earlier plan,
+/// whatever their state, are not these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkIds {
+    pub up: u64,
+    pub down: u64,
 }
 
 /// Token positions the rows of an activation stand for: `start..start + count`.

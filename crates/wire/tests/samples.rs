@@ -2,7 +2,7 @@
 
 use daisy_wire::{
     Activation, Assignment, Cancel, Commit, DeviceId, ErrorReport, Fingerprint, GemmRate, Hash,
-    Heartbeat, Hello, HopRecord, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
+    Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
     ProbeRequest, ProbeResult, Progress, Ready, RepoId, Text, TurnStart,
 };
 use proptest::prelude::*;
@@ -121,6 +121,7 @@ pub(crate) fn all() -> Vec<(&'static str, Message)> {
                 sha256: Hash([0x44; 32]),
             }),
         ),
+        ("links", Message::Links(LinkIds { up: 3, down: 4 })),
     ]
 }
 
@@ -281,5 +282,6 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
                 sha256: Hash(h),
             })
         ),
+        (any::<u64>(), any::<u64>()).prop_map(|(up, down)| Message::Links(LinkIds { up, down })),
     ]
 }

@@ -29,8 +29,8 @@ use daisy_loader::{Checkpoint, LocalDir};
 use daisy_model::Stage;
 use daisy_ring::{DeviceInfo, Exclusion, ModelFacts, plan_layers};
 use daisy_wire::{
-    Assignment, Commit, DeviceId, Fingerprint, GemmRate, Heartbeat, Hello, HopRecord, Message,
-    Placement, Plan, ProbeRequest, RepoId, TurnStart,
+    Assignment, Commit, DeviceId, Fingerprint, GemmRate, Heartbeat, Hello, HopRecord, LinkIds,
+    Message, Placement, Plan, ProbeRequest, RepoId, TurnStart,
 };
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
@@ -187,9 +187,8 @@ impl Shared {
             .map_err(|_| anyhow!("member {device} left"))
     }
 
-    /// Offer a link to `device` (the head sending on it) and wait for it to open.
-    async fn offer_to(&self, device: &str, role: Role) -> Result<Link> {
-        let link = self.link_id();
+    /// Offer link `link` to `device` (the head sending on it) and wait for it to open.
+    async fn offer_to(&self, device: &str, role: Role, link: u64) -> Result<Link> {
         let (tx, rx) = oneshot::channel();
         self.answers.lock().expect("answers lock").insert(link, tx);
         let (pending, sdp) = rtc::offer(&self.cfg).await?;
@@ -378,7 +377,8 @@ async fn member_session(
         let shared = shared.clone();
         let device = device.clone();
         tokio::spawn(async move {
-            match shared.offer_to(&device, Role::Control).await {
+            let link = shared.link_id();
+            match shared.offer_to(&device, Role::Control, link).await {
                 Ok(link) => {
                     let _ = shared.joined.send((device, link)).await;
                 }
@@ -678,6 +678,9 @@ impl Ring<'_> {
             );
         }
         let f32 = self.settings.args.compute.precision == daisy_model::Precision::F32;
+        // ids[i] is the link from stage i to stage i + 1, the last one back to the head.
+        let n = self.members.len();
+        let ids: Vec<u64> = (0..=n).map(|_| self.shared.link_id()).collect();
         for (i, m) in self.members.iter().enumerate() {
             let stage = i + 1;
             let assignment = Assignment::new(
@@ -688,9 +691,14 @@ impl Ring<'_> {
                 self.plan.stages()[stage].layers.clone(),
             )?
             .with_f32(f32);
+            let links = LinkIds {
+                up: ids[i],
+                down: ids[i + 1],
+            };
             let sent = async {
                 control::send(&m.control, &Message::Plan(placement.clone())).await?;
-                control::send(&m.control, &Message::Assignment(assignment)).await
+                control::send(&m.control, &Message::Assignment(assignment)).await?;
+                control::send(&m.control, &Message::Links(links)).await
             };
             if let Err(e) = sent.await {
                 return Err(Failure::member(&m.device, format!("{e:#}")));
@@ -703,8 +711,10 @@ impl Ring<'_> {
         } else {
             let shared = self.shared.clone();
             let first = self.members[0].device.clone();
-            let down = tokio::spawn(async move { shared.offer_to(&first, Role::Ring).await });
-            let link = self.shared.link_id();
+            let to_first = ids[0];
+            let down =
+                tokio::spawn(async move { shared.offer_to(&first, Role::Ring, to_first).await });
+            let link = ids[n];
             let (tx, rx) = oneshot::channel();
             self.shared
                 .incoming
@@ -719,8 +729,8 @@ impl Ring<'_> {
             if let Err(e) = self.shared.signal(last, connect).await {
                 return Err(Failure::member(last, format!("{e:#}")));
             }
-            for i in 0..self.members.len() - 1 {
-                let link = self.shared.link_id();
+            for i in 0..n - 1 {
+                let link = ids[i + 1];
                 let connect = Signal::Connect {
                     link,
                     peer: self.members[i + 1].device.clone(),
@@ -1408,7 +1418,18 @@ async fn drive(
 
 async fn run_turns(ring: &mut Ring<'_>) -> Result<()> {
     let args = ring.settings.args;
-    ring.establish().await.map_err(Failure::into_error)?;
+    // A member refused while the ring forms (another model's slice, a failed load, a link that
+    // does not open) is left out and its layers go to the stage before it.
+    loop {
+        match ring.establish().await {
+            Ok(()) => break,
+            Err(Failure::Member { device, why }) => {
+                eprintln!("head: {device} is left out: {why}");
+                ring.drop_member(&device, &why).await?;
+            }
+            Err(Failure::Other(e)) => return Err(e),
+        }
+    }
     let _ = &ring.events_tx;
     if let Some(p) = &args.prompt {
         return ring.turn(super::run::prompt(p, args.generate.chat)).await;

@@ -46,6 +46,10 @@ pub(crate) struct Args {
     /// Bytes of memory this device announces for weights (default: what the system has available).
     #[arg(long)]
     memory_limit: Option<u64>,
+    /// Read the assigned layers from this local copy of the model (a Hugging Face-layout folder)
+    /// instead of fetching them. The head checks the fingerprint: another model's copy is refused.
+    #[arg(long)]
+    model: Option<PathBuf>,
     #[command(flatten)]
     compute: ComputeArgs,
 }
@@ -97,7 +101,12 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .clone()
         .unwrap_or_else(control::default_device_name);
     DeviceId::parse(&device).with_context(|| format!("--name {device}"))?;
-    let chosen = super::backend(args.compute.backend)?;
+    #[allow(unused_mut)]
+    let mut chosen = super::backend(args.compute.backend)?;
+    #[cfg(feature = "test-corrupt-kernel")]
+    {
+        chosen.backend = crate::corrupt::maybe(chosen.backend);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -164,8 +173,8 @@ async fn member(
     // Signaling runs on its own task: offers become links, handed over by role.
     let (ws_tx, mut ws_rx) = mpsc::channel::<Signal>(16);
     let (control_tx, control_rx) = oneshot::channel::<Link>();
-    let (up_tx, mut up_rx) = mpsc::channel::<Link>(2);
-    let (down_tx, mut down_rx) = mpsc::channel::<Link>(2);
+    // Ring links, both directions, with their signaling ids (the head says which are whose).
+    let (ring_tx, mut ring_rx) = mpsc::channel::<(u64, Link)>(4);
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
         while let Some(s) = ws_rx.recv().await {
@@ -222,7 +231,7 @@ async fn member(
                             Role::Control => control_tx.take(),
                             Role::Ring => None,
                         };
-                        let up = up_tx.clone();
+                        let ring = ring_tx.clone();
                         tokio::spawn(async move {
                             match answering.connected().await {
                                 Ok(l) => match control {
@@ -230,7 +239,7 @@ async fn member(
                                         let _ = tx.send(l);
                                     }
                                     None => {
-                                        let _ = up.send(l).await;
+                                        let _ = ring.send((link, l)).await;
                                     }
                                 },
                                 Err(e) => eprintln!("join: link {link}: {e:#}"),
@@ -258,11 +267,11 @@ async fn member(
                             );
                             continue;
                         };
-                        let down = down_tx.clone();
+                        let ring = ring_tx.clone();
                         tokio::spawn(async move {
                             match offering.accept(&sdp).await {
                                 Ok(l) => {
-                                    let _ = down.send(l).await;
+                                    let _ = ring.send((link, l)).await;
                                 }
                                 Err(e) => eprintln!("join: link {link}: {e:#}"),
                             }
@@ -294,7 +303,12 @@ async fn member(
     };
     control::send(&control, &Message::Hello(hello)).await?;
 
-    let result = serve_ring(&control, &backend, &device, &join, &mut up_rx, &mut down_rx).await;
+    let source = Source {
+        join: &join,
+        device: &device,
+        local: args.model.as_deref(),
+    };
+    let result = serve_ring(&control, &backend, &source, &mut ring_rx).await;
     if let Err(e) = &result {
         let report = Message::Error(error_report(None, &format!("{e:#}")));
         let _ = control::send(&control, &report).await;
@@ -400,12 +414,19 @@ fn start_epoch(
     })
 }
 
+/// Where this member's layers come from.
+struct Source<'a> {
+    join: &'a JoinUrl,
+    device: &'a str,
+    /// `--model`: a local copy to read instead of fetching.
+    local: Option<&'a std::path::Path>,
+}
+
 /// Load the assignment's layers (or keep the ones held when they are the same), reporting progress.
 async fn take_assignment(
     control: &Arc<Link>,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
-    device: &str,
-    join: &JoinUrl,
+    source: &Source<'_>,
     assignment: &Assignment,
     held: Option<Arc<Stage>>,
 ) -> Result<Arc<Stage>> {
@@ -417,10 +438,18 @@ async fn take_assignment(
     let mut load = {
         let backend = backend.clone();
         let assignment = assignment.clone();
-        let base = join.base.clone();
-        let device = device.to_string();
+        let base = source.join.base.clone();
+        let device = source.device.to_string();
+        let local = source.local.map(std::path::Path::to_path_buf);
         tokio::task::spawn_blocking(move || {
-            load(&base, &device, &assignment, &backend, progress_tx)
+            load(
+                &base,
+                &device,
+                local.as_deref(),
+                &assignment,
+                &backend,
+                progress_tx,
+            )
         })
     };
     loop {
@@ -438,16 +467,18 @@ async fn take_assignment(
 async fn serve_ring(
     control: &Arc<Link>,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
-    device: &str,
-    join: &JoinUrl,
-    up_rx: &mut mpsc::Receiver<Link>,
-    down_rx: &mut mpsc::Receiver<Link>,
+    source: &Source<'_>,
+    links: &mut mpsc::Receiver<(u64, Link)>,
 ) -> Result<()> {
-    let me = DeviceId::parse(device)?;
+    let me = DeviceId::parse(source.device)?;
     let mut placement: Option<Placement> = None;
     let mut held: Option<Arc<Stage>> = None;
     let mut current: Option<Epoch> = None;
     let mut epoch = 0u64;
+    // Assigned and loaded, waiting for its links: the plan, the stage index, the stage.
+    let mut pending: Option<(daisy_wire::Plan, usize, Arc<Stage>, Fingerprint)> = None;
+    let mut expect: Option<daisy_wire::LinkIds> = None;
+    let mut arrived: HashMap<u64, Link> = HashMap::new();
     let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
     let (fail_tx, mut fail_rx) = mpsc::channel::<Failed>(4);
     let outcome = loop {
@@ -503,7 +534,7 @@ async fn serve_ring(
                         a.repo(),
                         &a.commit().as_str()[..12]
                     );
-                    let stage = take_assignment(control, backend, device, join, &a, held.take()).await?;
+                    let stage = take_assignment(control, backend, source, &a, held.take()).await?;
                     let fingerprint = Fingerprint(stage.fingerprint());
                     if fingerprint != *a.fingerprint() {
                         eprintln!(
@@ -514,19 +545,14 @@ async fn serve_ring(
                         );
                     }
                     held = Some(stage.clone());
-                    let up = tokio::time::timeout(Duration::from_secs(30), up_rx.recv())
-                        .await
-                        .map_err(|_| anyhow!("the previous stage did not connect within 30 s"))?
-                        .context("signaling closed before the previous stage connected")?;
-                    let down = tokio::time::timeout(Duration::from_secs(30), down_rx.recv())
-                        .await
-                        .map_err(|_| anyhow!("the link to the next stage did not open within 30 s"))?
-                        .context("signaling closed before the next stage connected")?;
-                    control::send(control, &Message::Ready(Ready { fingerprint })).await?;
-                    eprintln!("join: ready; waiting for activations");
-                    current = Some(start_epoch(
-                        epoch, plan, index, stage, up, down, hop_tx.clone(), fail_tx.clone(),
-                    )?);
+                    pending = Some((plan, index, stage, fingerprint));
+                    expect = None;
+                }
+                Ok(Some(Message::Links(ids))) => {
+                    expect = Some(ids);
+                    // Links of an earlier plan are not this one's.
+                    let oldest = ids.up.min(ids.down);
+                    arrived.retain(|id, _| *id >= oldest);
                 }
                 Ok(Some(Message::Turn(t))) => {
                     if let Some(e) = &current {
@@ -536,6 +562,9 @@ async fn serve_ring(
                 Ok(Some(Message::Cancel(_))) => {}
                 Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
+            Some((id, link)) = links.recv() => {
+                arrived.insert(id, link);
+            }
             Some(hop) = hop_rx.recv() => {
                 control::send(control, &Message::Hop(hop)).await?;
             }
@@ -545,6 +574,27 @@ async fn serve_ring(
                     break Err(anyhow!(why));
                 }
             }
+        }
+        // Assigned, told its links, and both open: ready.
+        let both =
+            expect.filter(|ids| arrived.contains_key(&ids.up) && arrived.contains_key(&ids.down));
+        if let (Some(ids), Some(_)) = (both, pending.as_ref()) {
+            let (plan, index, stage, fingerprint) = pending.take().expect("checked");
+            let up = arrived.remove(&ids.up).expect("checked");
+            let down = arrived.remove(&ids.down).expect("checked");
+            expect = None;
+            control::send(control, &Message::Ready(Ready { fingerprint })).await?;
+            eprintln!("join: ready; waiting for activations");
+            current = Some(start_epoch(
+                epoch,
+                plan,
+                index,
+                stage,
+                up,
+                down,
+                hop_tx.clone(),
+                fail_tx.clone(),
+            )?);
         }
     };
     if let Some(e) = current.take() {
@@ -561,10 +611,11 @@ fn error_report(turn: Option<u64>, message: &str) -> ErrorReport {
     }
 }
 
-/// Fetch and build this device's stage.
+/// Fetch and build this device's stage (from `local` when given).
 fn load(
     base: &str,
     device: &str,
+    local: Option<&std::path::Path>,
     assignment: &Assignment,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     progress: mpsc::Sender<(u64, u64)>,
@@ -584,8 +635,18 @@ fn load(
             .with_token_provider(Arc::new(super::TerminalToken)),
     );
     let model = format!("{}@{}", assignment.repo(), assignment.commit());
-    let checkpoint = Checkpoint::open_with(&model, Some(client.clone()))
-        .with_context(|| format!("opening {model} from {endpoint}"))?;
+    let checkpoint = match local {
+        // The local copy stands for the assigned repo and commit; whether it is the same model
+        // shows in the fingerprint, which the head compares.
+        Some(dir) => Checkpoint::from_repo(
+            Box::new(daisy_loader::LocalDir::new(dir)),
+            assignment.repo().as_str(),
+            assignment.commit().as_str(),
+        )
+        .with_context(|| format!("opening --model {}", dir.display()))?,
+        None => Checkpoint::open_with(&model, Some(client.clone()))
+            .with_context(|| format!("opening {model} from {endpoint}"))?,
+    };
     let config = checkpoint.config().clone();
     let layers = assignment.layers();
     if layers.end > config.num_layers {
