@@ -40,6 +40,10 @@ pub struct Pass {
     pub cached: bool,
     /// Index of this lap within the turn (0 is the first).
     pub lap: usize,
+    /// Whether the head uses what this lap returns. A prefill chunk other than the last is run for
+    /// the stages' KV only: its lap may return nothing, so a ring can send the next chunk before
+    /// this one is back.
+    pub wanted: bool,
 }
 
 /// What a turn needs besides the prompt.
@@ -122,17 +126,23 @@ pub fn generate_streaming<E: From<Error>>(
     };
     while out.ids.len() < opts.max_new_tokens {
         let mut last = Vec::new();
-        for (pos0, rows) in pending.drain(..) {
+        let count = pending.len();
+        for (i, (pos0, rows)) in pending.drain(..).enumerate() {
             let mut x = head.embed(&ids[pos0..pos0 + rows], pos0)?;
             head.forward(&mut x, rows, pos0, cache.as_mut())?;
+            let wanted = i + 1 == count;
             let back = lap(Pass {
                 hidden: x,
                 rows,
                 pos0,
                 cached: cache.is_some(),
                 lap: out.laps,
+                wanted,
             })?;
             out.laps += 1;
+            if !wanted {
+                continue;
+            }
             if back.len() != rows * h {
                 return Err(Error::Activation {
                     got: back.len() / rows.max(1),
@@ -232,6 +242,7 @@ pub fn score<E: From<Error>>(
         pos0: 0,
         cached: false,
         lap: 0,
+        wanted: true,
     })?;
     if back.len() != n * h {
         return Err(Error::Activation {

@@ -298,6 +298,7 @@ fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path
     assert_eq!(ids.as_array().unwrap().len(), 8, "{path}");
     assert_eq!((ids.clone(), hops.clone()), ids_and_hops(&oracle), "{path}");
     assert_eq!(hops.len(), n_members + 1, "one hop per stage");
+    assert_eq!(report["laps"], oracle["laps"], "the same laps (prefill chunks and decode)");
     assert_eq!(
         report["verify"]["match"], true,
         "{path}: {}",

@@ -22,6 +22,9 @@ pub(crate) struct Args {
     /// The prompt.
     #[arg(long, default_value = "The three primary colors are")]
     prompt: String,
+    /// Prefill chunks around the ring at once (1: one at a time).
+    #[arg(long, default_value_t = 2)]
+    in_flight: usize,
     #[command(flatten)]
     generate: GenerateArgs,
     #[command(flatten)]
@@ -97,6 +100,8 @@ pub(crate) fn run(args: Args) -> Result<()> {
         args.prompt.clone(),
         "--format".into(),
         if args.format.json() { "json" } else { "text" }.into(),
+        "--in-flight".into(),
+        args.in_flight.to_string(),
     ];
     head_args.extend(args.generate.to_args());
     head_args.extend(args.compute.to_args());

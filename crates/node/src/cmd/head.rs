@@ -75,6 +75,10 @@ pub(crate) struct Args {
     pub(crate) generate: GenerateArgs,
     #[command(flatten)]
     pub(crate) compute: ComputeArgs,
+    /// Prefill chunks around the ring at once on the cached path: the next chunk leaves the head
+    /// while the previous one is still travelling (1: one at a time).
+    #[arg(long, default_value_t = 2)]
+    pub(crate) in_flight: usize,
     /// Skip Verify (the re-run of each turn with every layer on the head).
     #[arg(long)]
     pub(crate) no_verify: bool,
@@ -936,7 +940,7 @@ impl Ring<'_> {
         }
         let mut hops = Vec::new();
         let mut lap_ms = Vec::new();
-        let mut culprit: Option<(String, String)> = None;
+        let culprit: std::cell::RefCell<Option<(String, String)>> = std::cell::RefCell::new(None);
         let mut stalled = false;
         let timeout = self.stall_timeout();
         let mut slowest = self.slowest_lap;
@@ -945,28 +949,12 @@ impl Ring<'_> {
         let (to_ring, back) = (&self.to_ring, &self.back);
         let opened = &self.source.opened;
         let first = self.members.first().map(|m| m.device.clone());
+        let in_flight = self.settings.args.in_flight.max(1);
         let generated = tokio::task::block_in_place(|| {
             let mut stdout = std::io::stdout().lock();
-            let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
-                let header = LapHeader {
-                    turn,
-                    lap: pass.lap,
-                    pos0: pass.pos0,
-                    rows: pass.rows,
-                };
-                let t = Instant::now();
-                let mut sent = send(plan, head, header, 0, pass.hidden)?;
-                hops.extend(sent.hop.take());
-                let Some(to_ring) = to_ring else {
-                    // The head alone: the lap is its own.
-                    return receive_at_head(plan, head, header, &sent.bytes);
-                };
-                if to_ring.blocking_send(sent.bytes).is_err() {
-                    let device = first.clone().unwrap_or_default();
-                    culprit = Some((device, "the link to it closed".into()));
-                    return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
-                }
-                let wait = if pass.lap == 0 {
+            // A lap's return, checked; an earlier attempt's laps still on their way are skipped.
+            let mut wait_back = |header: LapHeader, t: Instant| -> daisy_engine::Result<Vec<f32>> {
+                let wait = if header.lap == 0 {
                     FIRST_LAP_TIMEOUT.max(timeout)
                 } else {
                     timeout
@@ -976,7 +964,7 @@ impl Ring<'_> {
                         Ok(Back::Lap(bytes)) => {
                             let (got, data) = returned(plan, head, &bytes)?;
                             if got.turn != turn {
-                                continue; // an earlier attempt's lap, still on its way
+                                continue;
                             }
                             if got != header {
                                 return Err(daisy_engine::Error::Invalid(format!(
@@ -984,25 +972,61 @@ impl Ring<'_> {
                                 )));
                             }
                             let took = t.elapsed();
-                            if pass.lap > 0 {
+                            if header.lap > 0 {
                                 slowest = slowest.max(took);
                             }
                             lap_ms.push(took.as_secs_f64() * 1e3);
                             return Ok(data);
                         }
                         Ok(Back::Down(device, why)) => {
-                            culprit = Some((device, why));
+                            *culprit.borrow_mut() = Some((device, why));
                             return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
                         }
                         Err(_) => {
                             stalled = true;
                             return Err(daisy_engine::Error::Invalid(format!(
                                 "lap {} did not come back within {wait:?}",
-                                pass.lap
+                                header.lap
                             )));
                         }
                     }
                 }
+            };
+            let mut outstanding: std::collections::VecDeque<(LapHeader, Instant)> =
+                std::collections::VecDeque::new();
+            let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
+                let header = LapHeader {
+                    turn,
+                    lap: pass.lap,
+                    pos0: pass.pos0,
+                    rows: pass.rows,
+                };
+                let mut sent = send(plan, head, header, 0, pass.hidden)?;
+                hops.extend(sent.hop.take());
+                let Some(to_ring) = to_ring else {
+                    // The head alone: the lap is its own.
+                    return receive_at_head(plan, head, header, &sent.bytes);
+                };
+                // At most `in_flight` laps around the ring at once: the oldest comes back first.
+                while outstanding.len() >= in_flight {
+                    let (h, t) = outstanding.pop_front().expect("not empty");
+                    wait_back(h, t)?;
+                }
+                if to_ring.blocking_send(sent.bytes).is_err() {
+                    let device = first.clone().unwrap_or_default();
+                    *culprit.borrow_mut() = Some((device, "the link to it closed".into()));
+                    return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
+                }
+                outstanding.push_back((header, Instant::now()));
+                if !pass.wanted {
+                    // A prefill chunk run for the stages' KV: the next one may leave now.
+                    return Ok(Vec::new());
+                }
+                let mut data = Vec::new();
+                while let Some((h, t)) = outstanding.pop_front() {
+                    data = wait_back(h, t)?;
+                }
+                Ok(data)
             };
             generate_turn(opened, head, prompt_ids, opts, &mut lap, &mut |t| {
                 if t.index >= *shown {
@@ -1018,7 +1042,7 @@ impl Ring<'_> {
         let generated = match generated {
             Ok(g) => g,
             Err(e) => {
-                if let Some((device, why)) = culprit {
+                if let Some((device, why)) = culprit.into_inner() {
                     return Err(Failure::Member { device, why });
                 }
                 if stalled && let Some(device) = self.find_stalled().await {
