@@ -75,6 +75,14 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     {
         figures.extend(super::bench_model::figures()?);
     }
+    if filter
+        .as_deref()
+        .is_none_or(|f| "ring".contains(f) || f.contains("ring"))
+    {
+        // The ring's figures need the release node (a no-op when the model figures built it).
+        super::bench_model::build_release()?;
+        figures.extend(super::bench_ring::figures()?);
+    }
     if json {
         for f in &figures {
             println!(

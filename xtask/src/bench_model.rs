@@ -10,12 +10,17 @@ use serde_json::Value;
 
 use crate::bench::Figure;
 
-const MODEL: &str = "target/fixtures/SmolLM2-135M-Instruct";
-const TEXT: &str = "fixtures/text/essay.txt";
+pub(crate) const MODEL: &str = "target/fixtures/SmolLM2-135M-Instruct";
+pub(crate) const TEXT: &str = "fixtures/text/essay.txt";
 
 /// `node` from the release profile (built here).
 /// `node run` on SmolLM2 in int8 with `new_tokens` generated (end-of-sequence ignored) on `path`.
-fn run_int8(root: &Path, prompt: &str, new_tokens: usize, path: &str) -> anyhow::Result<Value> {
+pub(crate) fn run_int8(
+    root: &Path,
+    prompt: &str,
+    new_tokens: usize,
+    path: &str,
+) -> anyhow::Result<Value> {
     let n = new_tokens.to_string();
     node(
         root,
@@ -38,7 +43,7 @@ fn run_int8(root: &Path, prompt: &str, new_tokens: usize, path: &str) -> anyhow:
     )
 }
 
-fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
+pub(crate) fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
     let node = crate::target_dir()?.join("release/node");
     let out = Command::new(&node)
         .args(args)
@@ -58,7 +63,7 @@ fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
 }
 
 /// The longest prefix of the essay (cut at a char boundary) that encodes to at most `n` tokens.
-fn prompt_of(root: &Path, text: &str, n: usize) -> anyhow::Result<String> {
+pub(crate) fn prompt_of(root: &Path, text: &str, n: usize) -> anyhow::Result<String> {
     let count = |s: &str| -> anyhow::Result<usize> {
         let j = node(
             root,
@@ -83,13 +88,14 @@ fn prompt_of(root: &Path, text: &str, n: usize) -> anyhow::Result<String> {
     Ok(text[..end].to_string())
 }
 
-fn timing(j: &Value, key: &str) -> anyhow::Result<f64> {
+pub(crate) fn timing(j: &Value, key: &str) -> anyhow::Result<f64> {
     j["timings"][key]
         .as_f64()
         .with_context(|| format!("timings.{key} missing"))
 }
 
-pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
+/// The fixtures, and `node` in release.
+pub(crate) fn build_release() -> anyhow::Result<()> {
     let root = crate::root();
     if !root.join(MODEL).join("model.safetensors").is_file() {
         crate::fixtures::run(&[])?;
@@ -104,6 +110,12 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     if !status.success() {
         bail!("building node in release failed with {status}");
     }
+    Ok(())
+}
+
+pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
+    let root = crate::root();
+    build_release()?;
     let text =
         std::fs::read_to_string(root.join(TEXT)).with_context(|| format!("reading {TEXT}"))?;
     let mut figures = Vec::new();

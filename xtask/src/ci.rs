@@ -29,7 +29,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             "--workspace",
             "--all-targets",
             "--features",
-            "node/test-corrupt-kernel",
+            "node/test-hooks",
             "--",
             "-D",
             "warnings",
@@ -58,12 +58,7 @@ fn private_runtime_dir() -> anyhow::Result<Option<tempfile::TempDir>> {
 /// summed; ends with the line `N passed, M failed`.
 fn test_workspace() -> anyhow::Result<()> {
     // The test-only kernel corruption switch is compiled in for the test run (never in a release).
-    let args = [
-        "test",
-        "--workspace",
-        "--features",
-        "node/test-corrupt-kernel",
-    ];
+    let args = ["test", "--workspace", "--features", "node/test-hooks"];
     eprintln!("$ {}", crate::quoted("cargo", &args));
     let mut child = Command::new("cargo")
         .args(args)

@@ -16,6 +16,7 @@ use anyhow::{Context, bail};
 mod bench;
 mod bench_hub;
 mod bench_model;
+mod bench_ring;
 mod ci;
 mod conformance;
 mod fixtures;

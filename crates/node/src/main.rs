@@ -8,11 +8,11 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod control;
-#[cfg(feature = "test-corrupt-kernel")]
-mod corrupt;
 mod net;
 mod rtc;
 mod signal;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 
 /// Run one Hugging Face language model across several devices.
 ///

@@ -178,6 +178,8 @@ impl Link {
         let mut state = self.conn.state.clone();
         for frame in frames {
             let bytes = frame.to_bytes();
+            #[cfg(feature = "test-hooks")]
+            crate::test_hooks::dump_sent(&bytes);
             let n = bytes.len() as u64;
             tokio::select! {
                 r = self.dc.send(BytesMut::from(&bytes[..])) => r.context("sending on the data channel")?,

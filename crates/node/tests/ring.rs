@@ -93,12 +93,23 @@ impl Live {
     /// Start a head on `model` with `head_args`, then one member per entry of `members` (each given
     /// the join URL on stdin, or the URL with the given secret put in place of the head's).
     fn start(model: &Path, head_args: &[&str], members: &[Option<&str>]) -> Self {
+        Self::start_with(model, head_args, &[], members)
+    }
+
+    /// [`Live::start`] with environment variables for the head.
+    fn start_with(
+        model: &Path,
+        head_args: &[&str],
+        head_env: &[(&str, &str)],
+        members: &[Option<&str>],
+    ) -> Self {
         let mut procs = Procs(Vec::new());
         let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["head", "--model"])
             .arg(model)
             .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
             .args(head_args)
+            .envs(head_env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -298,7 +309,10 @@ fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path
     assert_eq!(ids.as_array().unwrap().len(), 8, "{path}");
     assert_eq!((ids.clone(), hops.clone()), ids_and_hops(&oracle), "{path}");
     assert_eq!(hops.len(), n_members + 1, "one hop per stage");
-    assert_eq!(report["laps"], oracle["laps"], "the same laps (prefill chunks and decode)");
+    assert_eq!(
+        report["laps"], oracle["laps"],
+        "the same laps (prefill chunks and decode)"
+    );
     assert_eq!(
         report["verify"]["match"], true,
         "{path}: {}",
@@ -564,12 +578,7 @@ fn a_member_holding_another_models_slice_is_refused_by_fingerprint() {
 
 #[test]
 fn a_member_whose_probe_disagrees_is_left_out_visibly() {
-    if !cfg!(feature = "test-corrupt-kernel") {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "this test needs `--features node/test-corrupt-kernel` (cargo xtask ci enables it)"
-        );
-        eprintln!("skipped: build with --features node/test-corrupt-kernel to run it");
+    if !test_hooks() {
         return;
     }
     let gpt2 = root().join("fixtures/tiny/gpt2");
@@ -587,4 +596,152 @@ fn a_member_whose_probe_disagrees_is_left_out_visibly() {
         "{excluded}"
     );
     assert_eq!(report["verify"]["match"], true);
+}
+
+/// Whether the test hooks are compiled in; under `CI=true` their absence fails the test.
+fn test_hooks() -> bool {
+    if cfg!(feature = "test-hooks") {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "this test needs `--features node/test-hooks` (cargo xtask ci enables it)"
+    );
+    eprintln!("skipped: build with --features node/test-hooks to run it");
+    false
+}
+
+/// `node mirror` serving the tiny GPT-2 as the gated repo `tiny-org/tiny-gpt2`, accepting `tokens`.
+fn gated_mirror(dir: &Path, tokens: &[&str], procs: &mut Procs) -> String {
+    let repo = dir.join("tiny-org/tiny-gpt2");
+    std::fs::create_dir_all(&repo).unwrap();
+    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args([
+            "mirror",
+            dir.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--require-token",
+        ])
+        .env("DAISY_MIRROR_TOKEN", tokens.join(","))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    procs.0.push(child);
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_members_token_reaches_no_other_process_and_no_frame_the_head_sent() {
+    if !test_hooks() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (head_token, token_0, token_1) = (
+        "hf_headSecretToken01",
+        "hf_memberZeroToken01",
+        "hf_memberOneToken001",
+    );
+    let mut mirror = Procs(Vec::new());
+    let url = gated_mirror(
+        &tmp.path().join("hub"),
+        &[head_token, token_0, token_1],
+        &mut mirror,
+    );
+    let sent = tmp.path().join("sent-by-head.bin");
+    let sent_str = sent.to_str().unwrap();
+    let mut live = Live::start_with(
+        Path::new("tiny-org/tiny-gpt2"),
+        &[
+            "--stages",
+            "1,1,1",
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "4",
+            "--ignore-eos",
+            "--format",
+            "json",
+        ],
+        &[
+            ("HF_ENDPOINT", &url),
+            ("HF_TOKEN", head_token),
+            ("DAISY_TEST_DUMP_SENT", sent_str),
+        ],
+        &[],
+    );
+    live.join(
+        "member-0",
+        None,
+        &[],
+        &[("HF_ENDPOINT", &url), ("HF_TOKEN", token_0)],
+    );
+    live.join(
+        "member-1",
+        None,
+        &[],
+        &[("HF_ENDPOINT", &url), ("HF_TOKEN", token_1)],
+    );
+    let run = live.finish();
+    let report = run.report();
+    assert_eq!(report["devices"].as_array().unwrap().len(), 3);
+    assert_eq!(report["verify"]["match"], true);
+    let frames = std::fs::read(&sent).unwrap();
+    // The positive control: the frames the head sent are where an assignment names the repo.
+    let contains =
+        |hay: &[u8], needle: &str| hay.windows(needle.len()).any(|w| w == needle.as_bytes());
+    assert!(
+        contains(&frames, "tiny-org/tiny-gpt2"),
+        "the dump holds the head's frames"
+    );
+    for (token, owner) in [(token_0, 0), (token_1, 1)] {
+        assert!(
+            !contains(&frames, token),
+            "a member's token in a frame the head sent"
+        );
+        assert!(!run.head_out.contains(token) && !run.head_err.contains(token));
+        for (i, err) in run.members_err.iter().enumerate() {
+            assert!(
+                !err.contains(token),
+                "member {i} printed member {owner}'s token"
+            );
+        }
+    }
+    assert!(
+        !contains(&frames, head_token),
+        "the head's token in a frame it sent"
+    );
+    assert!(run.members_err.iter().all(|e| !e.contains(head_token)));
+    assert!(!run.head_err.contains(head_token) && !run.head_out.contains(head_token));
+}
+
+#[test]
+fn verify_says_so_when_the_head_cannot_hold_the_whole_model() {
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let mut args = tiny_turn();
+    args.extend(["--memory-limit", "1000"]);
+    let report = ring(&gpt2, &args, &[None]).report();
+    assert_eq!(report["verify"], Value::Null);
+    let why = report["verify_unavailable"].as_str().unwrap();
+    assert!(
+        why.starts_with("verify: not run, the head cannot hold the whole model ("),
+        "{why}"
+    );
+    assert!(why.ends_with("this answer is unverified"), "{why}");
+    // The mutation: with room, Verify runs and passes.
+    let report = ring(&gpt2, &tiny_turn(), &[None]).report();
+    assert_eq!(report["verify"]["match"], true);
+    assert_eq!(report["verify_unavailable"], Value::Null);
 }

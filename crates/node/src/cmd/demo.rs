@@ -25,6 +25,9 @@ pub(crate) struct Args {
     /// Prefill chunks around the ring at once (1: one at a time).
     #[arg(long, default_value_t = 2)]
     in_flight: usize,
+    /// Skip Verify (the head's re-run of the turn with every layer).
+    #[arg(long)]
+    no_verify: bool,
     #[command(flatten)]
     generate: GenerateArgs,
     #[command(flatten)]
@@ -103,6 +106,9 @@ pub(crate) fn run(args: Args) -> Result<()> {
         "--in-flight".into(),
         args.in_flight.to_string(),
     ];
+    if args.no_verify {
+        head_args.push("--no-verify".into());
+    }
     head_args.extend(args.generate.to_args());
     head_args.extend(args.compute.to_args());
     eprintln!(

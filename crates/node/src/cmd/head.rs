@@ -293,6 +293,13 @@ async fn ring_socket(
         })
 }
 
+/// Send one signal on a member's socket (recorded under the test hooks).
+async fn send_signal(socket: &mut WebSocket, signal: &Signal) -> Result<(), axum::Error> {
+    #[cfg(feature = "test-hooks")]
+    crate::test_hooks::dump_sent(signal.to_json().as_bytes());
+    socket.send(WsMessage::Text(signal.to_json().into())).await
+}
+
 async fn next_signal(socket: &mut WebSocket) -> Result<Option<Signal>> {
     loop {
         match socket.recv().await {
@@ -317,7 +324,7 @@ async fn member_session(
     let hello = Signal::Challenge {
         nonce: hex::encode(challenge),
     };
-    socket.send(WsMessage::Text(hello.to_json().into())).await?;
+    send_signal(&mut socket, &hello).await?;
     let first = tokio::time::timeout(Duration::from_secs(10), next_signal(&mut socket)).await;
     let refuse = |reason: &str| Signal::Refused {
         reason: reason.to_string(),
@@ -326,20 +333,20 @@ async fn member_session(
         Ok(Ok(Some(Signal::Auth { device, proof }))) => {
             if !shared.secret.check(&challenge, &device, &proof) {
                 let r = refuse("wrong ring secret");
-                socket.send(WsMessage::Text(r.to_json().into())).await?;
+                send_signal(&mut socket, &r).await?;
                 bail!("refused: wrong ring secret");
             }
             if DeviceId::parse(&device).is_err() || device == HEAD {
                 let r =
                     refuse("device name refused: expected 1-64 of A-Z a-z 0-9 . _ -, not `head`");
-                socket.send(WsMessage::Text(r.to_json().into())).await?;
+                send_signal(&mut socket, &r).await?;
                 bail!("refused: bad device name");
             }
             device
         }
         Ok(Ok(Some(_))) | Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
             let r = refuse("expected an auth message first");
-            let _ = socket.send(WsMessage::Text(r.to_json().into())).await;
+            let _ = send_signal(&mut socket, &r).await;
             bail!("refused: no valid auth message");
         }
     };
@@ -354,7 +361,7 @@ async fn member_session(
     };
     if taken {
         let r = refuse("a member of that name is already in the ring");
-        socket.send(WsMessage::Text(r.to_json().into())).await?;
+        send_signal(&mut socket, &r).await?;
         bail!("refused: device {device} already joined");
     }
     let welcome = Signal::Welcome {
@@ -367,6 +374,8 @@ async fn member_session(
     let (mut sink, mut stream) = socket.split();
     let writer = tokio::spawn(async move {
         while let Some(signal) = rx.recv().await {
+            #[cfg(feature = "test-hooks")]
+            crate::test_hooks::dump_sent(signal.to_json().as_bytes());
             if sink
                 .send(WsMessage::Text(signal.to_json().into()))
                 .await
@@ -534,6 +543,15 @@ enum Back {
     Down(String, String),
 }
 
+/// A completed attempt at a turn: the generation, every hop of its first lap, each lap's rows and
+/// milliseconds, and its turn number.
+type Attempt = (
+    daisy_engine::Generated,
+    Vec<daisy_engine::Hop>,
+    Vec<(usize, f64)>,
+    u64,
+);
+
 /// Why the ring could not go on.
 enum Failure {
     /// A member failed or left; the turn can be replayed without it.
@@ -636,6 +654,8 @@ struct Ring<'a> {
 
 /// Longest wait for the first lap of a ring (a prefill chunk on the slowest member).
 const FIRST_LAP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Heartbeat round trips per member that time a hop (`--format json`).
+const HOP_PINGS: usize = 100;
 /// A lap is stalled after this many times the slowest lap so far (and at least `MIN_STALL`).
 const STALL_FACTOR: u32 = 50;
 const MIN_STALL: Duration = Duration::from_secs(10);
@@ -911,21 +931,38 @@ impl Ring<'_> {
             .map(|m| m.device.clone())
     }
 
+    /// The one-way latency of a hop on these links: half the heartbeat round trip, `n` per member.
+    async fn measure_hops(&mut self, n: usize) -> Result<LapStats> {
+        let mut ms = Vec::new();
+        for i in 0..self.members.len() {
+            for k in 0..n {
+                let seq = (1 << 63) | (k as u64);
+                let t = Instant::now();
+                control::send(
+                    &self.members[i].control,
+                    &Message::Heartbeat(Heartbeat { seq }),
+                )
+                .await?;
+                loop {
+                    let event = tokio::time::timeout(Duration::from_secs(5), self.events.recv())
+                        .await
+                        .map_err(|_| anyhow!("a heartbeat got no answer within 5 s"))?
+                        .context("the members' events stopped")?;
+                    match event {
+                        Event::Heartbeat(d, s) if s == seq && d == self.members[i].device => break,
+                        Event::Down(d, why) => bail!("{d} left while its hops were timed: {why}"),
+                        _ => {}
+                    }
+                }
+                ms.push(t.elapsed().as_secs_f64() * 1e3 / 2.0);
+            }
+        }
+        Ok(lap_stats(ms))
+    }
+
     /// One attempt at a turn. `shown` counts the tokens already printed (by an attempt that failed),
     /// which a replay does not print again.
-    async fn attempt(
-        &mut self,
-        prompt_ids: &[u32],
-        shown: &mut usize,
-    ) -> Result<
-        (
-            daisy_engine::Generated,
-            Vec<daisy_engine::Hop>,
-            Vec<f64>,
-            u64,
-        ),
-        Failure,
-    > {
+    async fn attempt(&mut self, prompt_ids: &[u32], shown: &mut usize) -> Result<Attempt, Failure> {
         let opts = self.settings.opts;
         let json = self.settings.args.format.json();
         let turn = self.next_turn;
@@ -975,7 +1012,7 @@ impl Ring<'_> {
                             if header.lap > 0 {
                                 slowest = slowest.max(took);
                             }
-                            lap_ms.push(took.as_secs_f64() * 1e3);
+                            lap_ms.push((header.rows, took.as_secs_f64() * 1e3));
                             return Ok(data);
                         }
                         Ok(Back::Down(device, why)) => {
@@ -1121,7 +1158,15 @@ impl Ring<'_> {
             println!();
         }
         let t = generated.timings;
-        let stats = lap_stats(lap_ms);
+        // Decode laps carry one row; the prefill's chunks more (a one-token prompt's is counted too).
+        let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0 == 1).map(|l| l.1).collect();
+        let stats = lap_stats(lap_ms.into_iter().map(|l| l.1).collect());
+        let decode_stats = lap_stats(decode);
+        let hop_stats = if json {
+            Some(self.measure_hops(HOP_PINGS).await?)
+        } else {
+            None
+        };
         eprintln!(
             "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
             generated.generation.ids.len(),
@@ -1138,8 +1183,20 @@ impl Ring<'_> {
         }
         let head = self.head.as_ref().expect("established");
         let opened = &self.source.opened;
+        // Verify needs every layer on the head; when they cannot fit it says so, never passes.
+        let facts = model_facts(opened);
+        let whole = facts.head_bytes + facts.n_layers as u64 * facts.layer_bytes;
+        let memory = control::memory_bytes(args.memory_limit);
+        let mut verify_unavailable = None;
         let verified = if args.no_verify {
             eprintln!("head: verify skipped (--no-verify)");
+            None
+        } else if let Some(m) = memory.filter(|&m| m < whole) {
+            let why = format!(
+                "verify: not run, the head cannot hold the whole model ({whole} bytes of weights,                  {m} available): this answer is unverified"
+            );
+            eprintln!("head: {why}");
+            verify_unavailable = Some(why);
             None
         } else {
             let backend = self.chosen.backend.clone();
@@ -1186,9 +1243,12 @@ impl Ring<'_> {
                 },
                 turn_id: turn,
                 replays,
+                verify_unavailable,
                 devices: self.devices(),
                 excluded: self.excluded.clone(),
                 lap_ms: stats,
+                decode_lap_ms: decode_stats,
+                hop_ms: hop_stats,
                 bytes_sent_by_head: self.bytes_sent(),
                 bytes_served: self
                     .settings
@@ -1254,9 +1314,17 @@ struct RingReport {
     turn_id: u64,
     /// How many times the turn was replayed (0 or 1).
     replays: usize,
+    /// Why Verify did not run although it was asked for (the head cannot hold the whole model).
+    verify_unavailable: Option<String>,
     devices: Vec<String>,
     excluded: Vec<String>,
+    /// Every lap, from leaving the head to coming back.
     lap_ms: LapStats,
+    /// Decode laps only (one row each).
+    decode_lap_ms: LapStats,
+    /// One hop on the wire: half the round trip of a heartbeat on the head's link to each member,
+    /// measured after the turn (`--format json` only).
+    hop_ms: Option<LapStats>,
     bytes_sent_by_head: u64,
     /// Bytes of the head's model folder each member fetched (when the head serves its folder).
     bytes_served: Option<std::collections::BTreeMap<String, u64>>,

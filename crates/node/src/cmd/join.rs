@@ -103,9 +103,9 @@ pub(crate) fn run(args: Args) -> Result<()> {
     DeviceId::parse(&device).with_context(|| format!("--name {device}"))?;
     #[allow(unused_mut)]
     let mut chosen = super::backend(args.compute.backend)?;
-    #[cfg(feature = "test-corrupt-kernel")]
+    #[cfg(feature = "test-hooks")]
     {
-        chosen.backend = crate::corrupt::maybe(chosen.backend);
+        chosen.backend = crate::test_hooks::corrupt(chosen.backend);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

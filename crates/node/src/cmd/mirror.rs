@@ -5,7 +5,8 @@
 //! `X-Repo-Commit`, like the Hub. Weight files are answered with a 302 to a second host name (by default
 //! `127.0.0.2`, a loopback address of its own) the way the Hub hands large files to its CDN; that host
 //! serves them under a signed path and never asks for a token. With `--require-token` the first host
-//! answers 401 to a request without the bearer token read from `DAISY_MIRROR_TOKEN`.
+//! answers 401 to a request without a bearer token listed in `DAISY_MIRROR_TOKEN` (comma-separated:
+//! one token per user of a gated repo).
 //!
 //! `GET /__stats` returns the bytes served per client (the `X-Daisy-Client` header, else the peer's IP)
 //! and how many requests reached the redirect host carrying an `Authorization` header (always 0 for a
@@ -458,12 +459,12 @@ async fn resolve(
     UrlPath((org, name, revision, file)): UrlPath<(String, String, String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(token) = &mirror.token {
-        let expected = format!("Bearer {token}");
+    if let Some(tokens) = &mirror.token {
         let given = headers
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| tokens.split(',').any(|t| !t.is_empty() && t == g)) {
             return hub_error(
                 StatusCode::UNAUTHORIZED,
                 "GatedRepo",

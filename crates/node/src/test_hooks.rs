@@ -1,0 +1,54 @@
+//! Tests only (`--features test-hooks`, which `cargo xtask ci` turns on; a release has none of it):
+//!
+//! - `DAISY_TEST_CORRUPT_KERNEL=1`: a member's integer GEMM is wrong by one in the last accumulator,
+//!   so its probe disagrees with every correct device.
+//! - `DAISY_TEST_DUMP_SENT=FILE`: every byte this process sends to a peer (each link frame, each
+//!   signaling message) is appended to FILE, so a test can look for a secret in it.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use daisy_gemm_int8::{Backend, Error, Quantized, Rhs};
+
+struct Corrupt(Arc<dyn Backend>);
+
+impl Backend for Corrupt {
+    fn name(&self) -> String {
+        format!("{} (corrupted for a test)", self.0.name())
+    }
+
+    fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
+        self.0.gemm_i32(a, b, out)?;
+        if let Some(last) = out.last_mut() {
+            *last = last.wrapping_add(1);
+        }
+        Ok(())
+    }
+}
+
+/// `backend`, corrupted when `DAISY_TEST_CORRUPT_KERNEL` is set.
+pub(crate) fn corrupt(backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    if std::env::var_os("DAISY_TEST_CORRUPT_KERNEL").is_some() {
+        eprintln!("join: DAISY_TEST_CORRUPT_KERNEL is set: this member's GEMM is wrong on purpose");
+        Arc::new(Corrupt(backend))
+    } else {
+        backend
+    }
+}
+
+/// Append `bytes` to `$DAISY_TEST_DUMP_SENT` when it is set.
+pub(crate) fn dump_sent(bytes: &[u8]) {
+    static DUMP: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+    let dump = DUMP.get_or_init(|| {
+        let path = std::env::var_os("DAISY_TEST_DUMP_SENT")?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .ok()?;
+        Some(Mutex::new(file))
+    });
+    if let Some(file) = dump {
+        let _ = file.lock().expect("dump lock").write_all(bytes);
+    }
+}
