@@ -80,12 +80,16 @@ fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String
 /// A ring being run: the head's stderr readable line by line while it runs.
 struct Live {
     procs: Procs,
+    /// The head's stdin, when it reads its prompts there.
+    head_in: Option<std::process::ChildStdin>,
     head_out: std::thread::JoinHandle<String>,
     head_lines: std::sync::mpsc::Receiver<String>,
     head_err: std::thread::JoinHandle<String>,
     members_err: Vec<std::thread::JoinHandle<String>>,
     /// Each member's name, in the order they were started.
     names: Vec<String>,
+    /// The head's stderr lines `wait_for` has read.
+    history: Vec<String>,
     join_url: String,
 }
 
@@ -104,17 +108,24 @@ impl Live {
         members: &[Option<&str>],
     ) -> Self {
         let mut procs = Procs(Vec::new());
+        // Prompts come from stdin when the head has no `--prompt`.
+        let stdin = if head_args.contains(&"--prompt") {
+            Stdio::null()
+        } else {
+            Stdio::piped()
+        };
         let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["head", "--model"])
             .arg(model)
             .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
             .args(head_args)
             .envs(head_env.iter().copied())
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("the head starts");
+        let head_in = head.stdin.take();
         let mut out = BufReader::new(head.stdout.take().unwrap());
         let err = BufReader::new(head.stderr.take().unwrap());
         let (tx, head_lines) = std::sync::mpsc::channel();
@@ -138,11 +149,13 @@ impl Live {
         let head_out = read_all(out);
         let mut live = Self {
             procs,
+            head_in,
             head_out,
             head_lines,
             head_err,
             members_err: Vec::new(),
             names: Vec::new(),
+            history: Vec::new(),
             join_url,
         };
         for (i, secret) in members.iter().enumerate() {
@@ -174,16 +187,30 @@ impl Live {
     }
 
     /// The next line of the head's stderr that contains `pattern` (panics after 120 s).
-    fn wait_for(&self, pattern: &str) -> String {
+    fn wait_for(&mut self, pattern: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(120);
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.head_lines.recv_timeout(left) {
-                Ok(line) if line.contains(pattern) => return line,
-                Ok(_) => {}
+                Ok(line) => {
+                    self.history.push(line.clone());
+                    if line.contains(pattern) {
+                        return line;
+                    }
+                }
                 Err(_) => break,
             }
         }
         panic!("the head never printed {pattern:?}");
+    }
+
+    /// The last line the head printed so far (read by `wait_for`) that contains `pattern`.
+    fn seen(&self, pattern: &str) -> String {
+        self.history
+            .iter()
+            .rev()
+            .find(|l| l.contains(pattern))
+            .unwrap_or_else(|| panic!("the head has not printed {pattern:?}"))
+            .clone()
     }
 
     /// The process of the member named `device` (`member-N`).
@@ -211,9 +238,21 @@ impl Live {
         device
     }
 
+    /// Type one prompt on the head's stdin.
+    fn prompt(&mut self, line: &str) {
+        let stdin = self
+            .head_in
+            .as_mut()
+            .expect("a head reading prompts from stdin");
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
     /// Wait for the head to end (up to 300 s) and the members after it (up to 15 s more; the rest
     /// are killed), and collect what they left.
     fn finish(mut self) -> RingRun {
+        // End of prompts: the head stops the ring.
+        drop(self.head_in.take());
         let mut deadline = Instant::now() + Duration::from_secs(300);
         let mut codes = Vec::new();
         for (i, c) in self.procs.0.iter_mut().enumerate() {
@@ -232,6 +271,7 @@ impl Live {
             codes.push(status.is_some_and(|s| s.success()));
         }
         drop(self.procs);
+        drop(self.head_in);
         RingRun {
             head_ok: codes[0],
             head_out: self.head_out.join().unwrap(),
@@ -744,4 +784,64 @@ fn verify_says_so_when_the_head_cannot_hold_the_whole_model() {
     let report = ring(&gpt2, &tiny_turn(), &[None]).report();
     assert_eq!(report["verify"]["match"], true);
     assert_eq!(report["verify_unavailable"], Value::Null);
+}
+
+#[test]
+fn a_dropped_member_that_joins_again_takes_part_in_the_next_turn() {
+    let mut live = Live::start(
+        &smollm2(),
+        &[
+            "--stages",
+            "10,10,10",
+            "--max-new-tokens",
+            "6",
+            "--ignore-eos",
+            "--format",
+            "json",
+        ],
+        &[None, None],
+    );
+    live.wait_for("head: the ring is connected");
+    live.prompt("The first turn");
+    live.wait_for("head: verify");
+    // Killed between turns: the next turn finds it gone, drops it and is replayed without it.
+    let line = live.seen("head: stage 2 = ");
+    let gone = live.signal(&line, "KILL");
+    live.prompt("The second turn");
+    live.wait_for("replaying the turn from the start");
+    live.wait_for("head: verify");
+    // It comes back (a new process, the same name) and is in the third turn's ring.
+    live.join(&gone, None, &[], &[]);
+    live.wait_for(&format!("head: {gone} joined"));
+    live.prompt("The third turn");
+    live.wait_for("head: verify");
+    let run = live.finish();
+    assert!(run.head_ok, "{}", run.head_err);
+    let reports: Vec<Value> = run
+        .head_out
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 3, "{}", run.head_out);
+    assert_eq!(reports[0]["devices"].as_array().unwrap().len(), 3);
+    assert_eq!(reports[1]["replays"], 1);
+    assert_eq!(reports[1]["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(reports[2]["replays"], 0);
+    assert_eq!(
+        reports[2]["plan"],
+        serde_json::json!([[0, 10], [10, 20], [20, 30]])
+    );
+    assert!(
+        reports[2]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d == gone.as_str()),
+        "{}",
+        reports[2]["devices"]
+    );
+    for r in &reports {
+        assert_eq!(r["verify"]["match"], true);
+    }
 }

@@ -169,6 +169,8 @@ struct Shared {
     /// Links the head expects a member to offer, and where to hand them once open.
     incoming: Mutex<HashMap<u64, oneshot::Sender<Result<Link>>>>,
     next_link: AtomicU64,
+    /// Members admitted by signaling whose control link is not open yet.
+    opening: AtomicU64,
     /// Admitted members with their control link, in the order they joined.
     joined: mpsc::Sender<(String, Link)>,
 }
@@ -351,6 +353,7 @@ async fn member_session(
         }
     };
     let (tx, mut rx) = mpsc::channel::<Signal>(16);
+    let own = tx.clone();
     let taken = {
         let mut peers = shared.peers.lock().expect("peers lock");
         let taken = peers.contains_key(&device);
@@ -389,6 +392,7 @@ async fn member_session(
     {
         let shared = shared.clone();
         let device = device.clone();
+        shared.opening.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let link = shared.link_id();
             match shared.offer_to(&device, Role::Control, link).await {
@@ -397,6 +401,7 @@ async fn member_session(
                 }
                 Err(e) => eprintln!("head: no control link to {device}: {e:#}"),
             }
+            shared.opening.fetch_sub(1, Ordering::SeqCst);
         });
     }
     let result = loop {
@@ -417,7 +422,13 @@ async fn member_session(
             }
         });
     };
-    shared.peers.lock().expect("peers lock").remove(&device);
+    // Only this session's entry: a member of the same name may have joined again since.
+    {
+        let mut peers = shared.peers.lock().expect("peers lock");
+        if peers.get(&device).is_some_and(|t| t.same_channel(&own)) {
+            peers.remove(&device);
+        }
+    }
     writer.abort();
     result
 }
@@ -472,6 +483,7 @@ async fn serve(
         answers: Mutex::new(HashMap::new()),
         incoming: Mutex::new(HashMap::new()),
         next_link: AtomicU64::new(0),
+        opening: AtomicU64::new(0),
         joined: joined_tx,
     });
     let mut app = Router::new()
@@ -648,6 +660,8 @@ struct Ring<'a> {
     /// The slowest lap so far, for the stall timeout.
     slowest_lap: Duration,
     next_turn: u64,
+    /// The head's probe of the Hello seed, for devices that join later.
+    head_probe: (daisy_wire::Hash, f64),
     /// Bytes the head has sent on ring links that are closed now.
     bytes_sent_before: u64,
 }
@@ -909,6 +923,35 @@ impl Ring<'_> {
         Ok(())
     }
 
+    /// Take a device that joined after the ring formed as the last stage: the plan of `--stages`
+    /// when the count matches it again, else the last stage's layers split with it. `false` when it
+    /// is not taken (the last stage holds a single layer).
+    async fn add_member(&mut self, member: Member) -> Result<bool> {
+        let mut counts: Vec<usize> = self.plan.stages().iter().map(|s| s.len()).collect();
+        let counts = match &self.settings.args.stages {
+            Some(given) if given.len() == counts.len() + 1 => given.clone(),
+            _ => {
+                let last = counts.last_mut().expect("the head's stage");
+                if *last < 2 {
+                    let why = format!("{}: not taken, no stage has layers to share", member.device);
+                    eprintln!("head: {why}");
+                    self.excluded.push(why);
+                    member.control.close().await;
+                    return Ok(false);
+                }
+                let half = *last / 2;
+                *last -= half;
+                counts.push(half);
+                counts
+            }
+        };
+        self.plan = Plan::from_counts(&counts, self.plan.n_layers())?;
+        eprintln!("head: {} takes part from the next turn", member.device);
+        watch(&member, self.events_tx.clone(), self.back_tx.clone());
+        self.members.push(member);
+        Ok(true)
+    }
+
     /// When a lap stalls with every link up, the member whose heartbeat gets no answer is the one.
     async fn find_stalled(&mut self) -> Option<String> {
         let seq = self.next_turn;
@@ -986,6 +1029,7 @@ impl Ring<'_> {
         let (to_ring, back) = (&self.to_ring, &self.back);
         let opened = &self.source.opened;
         let first = self.members.first().map(|m| m.device.clone());
+        let in_ring: Vec<String> = self.members.iter().map(|m| m.device.clone()).collect();
         let in_flight = self.settings.args.in_flight.max(1);
         let generated = tokio::task::block_in_place(|| {
             let mut stdout = std::io::stdout().lock();
@@ -1015,6 +1059,8 @@ impl Ring<'_> {
                             lap_ms.push((header.rows, took.as_secs_f64() * 1e3));
                             return Ok(data);
                         }
+                        // News of a device no longer in the ring is old news.
+                        Ok(Back::Down(device, _)) if !in_ring.contains(&device) => {}
                         Ok(Back::Down(device, why)) => {
                             *culprit.borrow_mut() = Some((device, why));
                             return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
@@ -1345,68 +1391,82 @@ async fn admit(
             .recv()
             .await
             .context("the signaling server stopped")?;
-        let link = Arc::new(link);
-        let hello = match control::expect(&link, "hello", HELLO_TIMEOUT).await {
-            Ok(Message::Hello(h)) if h.device.as_str() == device => h,
-            Ok(_) => {
-                eprintln!("head: {device} did not start with its hello; left out");
-                continue;
-            }
-            Err(e) => {
-                eprintln!("head: {device}: {e:#}; left out");
-                continue;
-            }
-        };
-        let seed = u64::from_le_bytes(nonce()[..8].try_into().expect("8 bytes"));
-        control::send(&link, &Message::ProbeRequest(ProbeRequest { seed })).await?;
-        let expected = {
-            let backend = backend.clone();
-            tokio::task::spawn_blocking(move || control::probe(&backend, seed)).await??
-        };
-        let result = match control::expect(&link, "probe result", HELLO_TIMEOUT).await {
-            Ok(Message::ProbeResult(r)) => r,
-            Ok(Message::Error(e)) => {
-                let why = format!(
-                    "{device}: left out, its probe failed: {}",
-                    e.message.as_str()
-                );
-                eprintln!("head: {why}");
-                excluded.push(why);
-                link.close().await;
-                continue;
-            }
-            Ok(_) | Err(_) => {
-                eprintln!("head: {device} did not answer the probe; left out");
-                link.close().await;
-                continue;
-            }
-        };
-        if result.seed != seed || result.hash != expected.0 || hello.probe_hash != head_probe.0 {
+        if let Some(m) = admit_one(device, link, backend, head_probe, excluded).await? {
+            members.push(m);
+        }
+    }
+    Ok(members)
+}
+
+/// One joined device: its Hello, then a fresh seeded probe; `None` when it is left out (and why is
+/// printed and listed in `excluded`).
+async fn admit_one(
+    device: String,
+    link: Link,
+    backend: &Arc<dyn daisy_gemm_int8::Backend>,
+    head_probe: &(daisy_wire::Hash, f64),
+    excluded: &mut Vec<String>,
+) -> Result<Option<Member>> {
+    let link = Arc::new(link);
+    let hello = match control::expect(&link, "hello", HELLO_TIMEOUT).await {
+        Ok(Message::Hello(h)) if h.device.as_str() == device => h,
+        Ok(_) => {
+            eprintln!("head: {device} did not start with its hello; left out");
+            return Ok(None);
+        }
+        Err(e) => {
+            eprintln!("head: {device}: {e:#}; left out");
+            return Ok(None);
+        }
+    };
+    let seed = u64::from_le_bytes(nonce()[..8].try_into().expect("8 bytes"));
+    control::send(&link, &Message::ProbeRequest(ProbeRequest { seed })).await?;
+    let expected = {
+        let backend = backend.clone();
+        tokio::task::spawn_blocking(move || control::probe(&backend, seed)).await??
+    };
+    let result = match control::expect(&link, "probe result", HELLO_TIMEOUT).await {
+        Ok(Message::ProbeResult(r)) => r,
+        Ok(Message::Error(e)) => {
             let why = format!(
-                "{device}: left out, its probe disagrees (SHA-256 {} where the head computed {})",
-                hex::encode(&result.hash.0[..8]),
-                hex::encode(&expected.0.0[..8])
+                "{device}: left out, its probe failed: {}",
+                e.message.as_str()
             );
             eprintln!("head: {why}");
             excluded.push(why);
             link.close().await;
-            continue;
+            return Ok(None);
         }
-        eprintln!(
-            "head: {device}: {}, {:.1} GMAC/s, memory {}, probe matches",
-            hello.backend.as_str(),
-            result.gemm_rate.get() / 1e9,
-            hello
-                .memory_bytes
-                .map_or("unknown".to_string(), |m| format!("{} MiB", m >> 20))
+        Ok(_) | Err(_) => {
+            eprintln!("head: {device} did not answer the probe; left out");
+            link.close().await;
+            return Ok(None);
+        }
+    };
+    if result.seed != seed || result.hash != expected.0 || hello.probe_hash != head_probe.0 {
+        let why = format!(
+            "{device}: left out, its probe disagrees (SHA-256 {} where the head computed {})",
+            hex::encode(&result.hash.0[..8]),
+            hex::encode(&expected.0.0[..8])
         );
-        members.push(Member {
-            device,
-            hello,
-            control: link,
-        });
+        eprintln!("head: {why}");
+        excluded.push(why);
+        link.close().await;
+        return Ok(None);
     }
-    Ok(members)
+    eprintln!(
+        "head: {device}: {}, {:.1} GMAC/s, memory {}, probe matches",
+        hello.backend.as_str(),
+        result.gemm_rate.get() / 1e9,
+        hello
+            .memory_bytes
+            .map_or("unknown".to_string(), |m| format!("{} MiB", m >> 20))
+    );
+    Ok(Some(Member {
+        device,
+        hello,
+        control: link,
+    }))
 }
 
 async fn drive(
@@ -1495,9 +1555,10 @@ async fn drive(
         links: Vec::new(),
         slowest_lap: Duration::ZERO,
         next_turn: 1,
+        head_probe,
         bytes_sent_before: 0,
     };
-    let result = run_turns(&mut ring).await;
+    let result = run_turns(&mut ring, joined).await;
     for m in &ring.members {
         m.control.close().await;
     }
@@ -1508,13 +1569,12 @@ async fn drive(
     result
 }
 
-async fn run_turns(ring: &mut Ring<'_>) -> Result<()> {
-    let args = ring.settings.args;
-    // A member refused while the ring forms (another model's slice, a failed load, a link that
-    // does not open) is left out and its layers go to the stage before it.
+/// Form the ring: a member refused while it forms (another model's slice, a failed load, a link
+/// that does not open) is left out and its layers go to the stage before it.
+async fn form(ring: &mut Ring<'_>) -> Result<()> {
     loop {
         match ring.establish().await {
-            Ok(()) => break,
+            Ok(()) => return Ok(()),
             Err(Failure::Member { device, why }) => {
                 eprintln!("head: {device} is left out: {why}");
                 ring.drop_member(&device, &why).await?;
@@ -1522,7 +1582,11 @@ async fn run_turns(ring: &mut Ring<'_>) -> Result<()> {
             Err(Failure::Other(e)) => return Err(e),
         }
     }
-    let _ = &ring.events_tx;
+}
+
+async fn run_turns(ring: &mut Ring<'_>, joined: &mut mpsc::Receiver<(String, Link)>) -> Result<()> {
+    let args = ring.settings.args;
+    form(ring).await?;
     if let Some(p) = &args.prompt {
         return ring.turn(super::run::prompt(p, args.generate.chat)).await;
     }
@@ -1532,6 +1596,28 @@ async fn run_turns(ring: &mut Ring<'_>) -> Result<()> {
         let line = line?;
         if line.trim().is_empty() {
             continue;
+        }
+        // Devices that joined since the last turn (a dropped member back, or a new one) take part;
+        // one whose control link is still opening is waited for a little.
+        let t0 = Instant::now();
+        while ring.shared.opening.load(Ordering::SeqCst) > 0
+            && t0.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut added = false;
+        while let Ok((device, link)) = joined.try_recv() {
+            let backend = ring.chosen.backend.clone();
+            let probe = ring.head_probe;
+            let mut excluded = Vec::new();
+            let admitted = admit_one(device, link, &backend, &probe, &mut excluded).await?;
+            ring.excluded.extend(excluded);
+            if let Some(m) = admitted {
+                added |= ring.add_member(m).await?;
+            }
+        }
+        if added {
+            form(ring).await?;
         }
         ring.turn(super::run::prompt(&line, args.generate.chat))
             .await?;
