@@ -18,7 +18,7 @@ pub use error::{Context, Error, Result};
 pub use lap::{
     Hop, LapHeader, LocalRing, Member, Sent, receive_at_head, returned, send, sha256_f32,
 };
-pub use open::{Opened, Prompt, open, tokenizer_of};
+pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{check_stages, load_stage, load_stages};
 pub use turn::{
     BackendReport, Difference, Generated, HopReport, PathChoice, Timings, TokenEvent, TurnOptions,

@@ -78,22 +78,16 @@ impl Opened {
 
     /// The ids of `prompt`; refused when it encodes to none.
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
-        let ids = match prompt {
-            Prompt::Raw(text) => self.tokenizer.encode(text, true),
-            Prompt::Chat(messages) => {
-                let rendered = self
-                    .chat_template()
-                    .and_then(|t| Ok(t.render(messages, true)?))
-                    .context(|| "chat".to_string())?;
-                self.tokenizer.encode(&rendered, false)
-            }
-        };
-        if ids.is_empty() {
-            return Err(Error::Invalid(
-                "the prompt encodes to no tokens, expected at least one".to_string(),
-            ));
-        }
-        Ok(ids)
+        encode_with(&self.tokenizer, || self.chat_template(), prompt)
+    }
+
+    /// A prompt encoder of its own (its own tokenizer and chat template), to encode prompts on
+    /// another thread while a turn runs: the same ids as [`Opened::encode`].
+    pub fn encoder(&self) -> Result<Encoder> {
+        Ok(Encoder {
+            tokenizer: tokenizer_of(&self.checkpoint)?,
+            template: self.chat_template().map_err(|e| e.to_string()),
+        })
     }
 
     /// The byte string of every id the lm_head can produce (`None` for ids the tokenizer lacks), for
@@ -104,4 +98,44 @@ impl Opened {
             .map(|id| self.tokenizer.token_bytes(id))
             .collect()
     }
+}
+
+/// Encodes prompts as [`Opened::encode`] does, owning what it needs (see [`Opened::encoder`]).
+pub struct Encoder {
+    tokenizer: Tokenizer,
+    /// The chat template, or why there is none (said when a chat prompt needs it).
+    template: std::result::Result<ChatTemplate, String>,
+}
+
+impl Encoder {
+    /// The ids of `prompt`; refused when it encodes to none.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        let template = || match &self.template {
+            Ok(t) => Ok(t),
+            Err(why) => Err(Error::Invalid(why.clone())),
+        };
+        encode_with(&self.tokenizer, template, prompt)
+    }
+}
+
+fn encode_with<T: std::borrow::Borrow<ChatTemplate>>(
+    tokenizer: &Tokenizer,
+    template: impl FnOnce() -> Result<T>,
+    prompt: &Prompt,
+) -> Result<Vec<u32>> {
+    let ids = match prompt {
+        Prompt::Raw(text) => tokenizer.encode(text, true),
+        Prompt::Chat(messages) => {
+            let rendered = template()
+                .and_then(|t| Ok(t.borrow().render(messages, true)?))
+                .context(|| "chat".to_string())?;
+            tokenizer.encode(&rendered, false)
+        }
+    };
+    if ids.is_empty() {
+        return Err(Error::Invalid(
+            "the prompt encodes to no tokens, expected at least one".to_string(),
+        ));
+    }
+    Ok(ids)
 }

@@ -845,3 +845,45 @@ fn a_dropped_member_that_joins_again_takes_part_in_the_next_turn() {
         assert_eq!(r["verify"]["match"], true);
     }
 }
+
+#[test]
+fn a_second_prompt_waits_for_the_ring_tokenized() {
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let mut live = Live::start(
+        &gpt2,
+        &[
+            "--stages",
+            "1,2",
+            "--max-new-tokens",
+            "200",
+            "--ignore-eos",
+            "--format",
+            "json",
+        ],
+        &[None],
+    );
+    live.wait_for("head: the ring is connected");
+    live.prompt("The first prompt of the two");
+    live.prompt("And the second");
+    let first = live.wait_for("is queued");
+    let second = live.wait_for("is queued");
+    let run = live.finish();
+    let reports: Vec<Value> = run
+        .head_out
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(reports.len(), 2, "{}", run.head_err);
+    // The second was tokenized before the first turn ended (it was queued while it ran).
+    let queued_at = run.head_err.find(&second).unwrap();
+    let first_done = run.head_err.find("head: verify").unwrap();
+    assert!(queued_at < first_done, "{}", run.head_err);
+    for (r, line) in reports.iter().zip([first, second]) {
+        let n = r["prompt_ids"].as_array().unwrap().len();
+        assert!(line.contains(&format!("a prompt of {n} tokens")), "{line}");
+        assert_eq!(r["verify"]["match"], true);
+        assert_eq!(r["ids"].as_array().unwrap().len(), 200);
+    }
+    assert_ne!(reports[0]["prompt_ids"], reports[1]["prompt_ids"]);
+}

@@ -22,7 +22,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use axum::routing::get;
 use daisy_engine::{
-    BackendReport, HopReport, LapHeader, Opened, Prompt, TurnOptions, TurnReport, generate_turn,
+    BackendReport, HopReport, LapHeader, Opened, TurnOptions, TurnReport, generate_turn,
     load_stage, peak_rss_bytes, plan_ranges, receive_at_head, returned, send, verify,
 };
 use daisy_loader::{Checkpoint, LocalDir};
@@ -1165,10 +1165,9 @@ impl Ring<'_> {
     }
 
     /// A turn: replayed once, without the member that failed, when one does.
-    async fn turn(&mut self, prompt: Prompt) -> Result<()> {
+    async fn turn(&mut self, prompt_ids: Vec<u32>) -> Result<()> {
         let (args, opts) = (self.settings.args, self.settings.opts);
         let json = args.format.json();
-        let prompt_ids = self.source.opened.encode(&prompt).context("the prompt")?;
         eprintln!(
             "head: a turn of {} prompt tokens, {} path",
             prompt_ids.len(),
@@ -1588,15 +1587,44 @@ async fn run_turns(ring: &mut Ring<'_>, joined: &mut mpsc::Receiver<(String, Lin
     let args = ring.settings.args;
     form(ring).await?;
     if let Some(p) = &args.prompt {
-        return ring.turn(super::run::prompt(p, args.generate.chat)).await;
+        let prompt = super::run::prompt(p, args.generate.chat);
+        let ids = ring.source.opened.encode(&prompt).context("--prompt")?;
+        return ring.turn(ids).await;
     }
+    // Prompts are read and tokenized on a thread of their own, so one typed while a turn owns the
+    // ring is tokenized while it waits; turns take them in order.
+    let encoder = ring.source.opened.encoder()?;
+    let chat = args.generate.chat;
+    let (queue_tx, mut queue) = mpsc::unbounded_channel::<Result<Vec<u32>>>();
+    std::thread::Builder::new()
+        .name("prompts".into())
+        .spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let ids = encoder
+                    .encode(&super::run::prompt(&line, chat))
+                    .map_err(|e| anyhow!("the prompt: {e:#}"));
+                if let Ok(ids) = &ids {
+                    eprintln!("head: a prompt of {} tokens is queued", ids.len());
+                }
+                if queue_tx.send(ids).is_err() {
+                    break;
+                }
+            }
+        })?;
     eprintln!("head: type a prompt and press enter (end with ctrl-d)");
-    let mut lines = std::io::stdin().lock().lines();
-    while let Some(line) = tokio::task::block_in_place(|| lines.next()) {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
+    while let Some(ids) = queue.recv().await {
+        let ids = match ids {
+            Ok(ids) => ids,
+            Err(e) => {
+                // A prompt that cannot be encoded loses nothing else: the ring waits for the next.
+                eprintln!("head: {e:#}");
+                continue;
+            }
+        };
         // Devices that joined since the last turn (a dropped member back, or a new one) take part;
         // one whose control link is still opening is waited for a little.
         let t0 = Instant::now();
@@ -1619,8 +1647,7 @@ async fn run_turns(ring: &mut Ring<'_>, joined: &mut mpsc::Receiver<(String, Lin
         if added {
             form(ring).await?;
         }
-        ring.turn(super::run::prompt(&line, args.generate.chat))
-            .await?;
+        ring.turn(ids).await?;
     }
     Ok(())
 }
