@@ -21,8 +21,8 @@ pub use lap::{
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{check_stages, load_stage, load_stages};
 pub use turn::{
-    BackendReport, Difference, Generated, HopReport, PathChoice, Timings, TokenEvent, TurnOptions,
-    TurnReport, VerifyReport, generate_turn, peak_rss_bytes, plan_ranges, verify,
+    BackendReport, Difference, Generated, HopReport, PathChoice, SplitRun, Timings, TokenEvent,
+    TurnOptions, TurnReport, VerifyReport, generate_turn, peak_rss_bytes, plan_ranges, verify,
 };
 
 pub use daisy_model::{ForwardPath, Precision, Sampling};

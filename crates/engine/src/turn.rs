@@ -218,6 +218,10 @@ pub struct VerifyReport {
     /// The first generated position where the two runs differ, with both ids there (`None` past
     /// the end of the shorter run).
     pub first_difference: Option<Difference>,
+    /// Hops of the first lap both runs have (the same layer boundary), whose hashes were compared.
+    pub hops_compared: usize,
+    /// The layer after which a compared hop's hash differs, when one does.
+    pub hop_difference: Option<usize>,
 }
 
 /// Where two runs first differ.
@@ -229,7 +233,26 @@ pub struct Difference {
 }
 
 impl VerifyReport {
-    fn compare(split: &[u32], unsplit: Vec<u32>, path: ForwardPath) -> Self {
+    fn compare(
+        split: &[u32],
+        unsplit: Vec<u32>,
+        path: ForwardPath,
+        split_hops: &[Hop],
+        unsplit_hops: &[Hop],
+    ) -> Self {
+        let pairs: Vec<(&Hop, &Hop)> = split_hops
+            .iter()
+            .filter_map(|a| {
+                unsplit_hops
+                    .iter()
+                    .find(|b| b.after_layer == a.after_layer)
+                    .map(|b| (a, b))
+            })
+            .collect();
+        let hop_difference = pairs
+            .iter()
+            .find(|(a, b)| a.sha256 != b.sha256)
+            .map(|(a, _)| a.after_layer);
         let first_difference = (0..split.len().max(unsplit.len()))
             .find(|&i| split.get(i) != unsplit.get(i))
             .map(|position| Difference {
@@ -237,22 +260,36 @@ impl VerifyReport {
                 split: split.get(position).copied(),
                 unsplit: unsplit.get(position).copied(),
             });
-        let matched = first_difference.is_none();
+        let ids_equal = first_difference.is_none();
         Self {
-            matched,
-            ids_equal: matched,
+            matched: ids_equal && hop_difference.is_none(),
+            ids_equal,
             ids: unsplit,
             path: path.name(),
             first_difference,
+            hops_compared: pairs.len(),
+            hop_difference,
         }
     }
 
     /// One line for a person: a match, or the first position that differs and both ids.
     pub fn summary(&self) -> String {
+        if let (None, Some(layer)) = (&self.first_difference, self.hop_difference) {
+            return format!(
+                "verify failed: the same ids, but the hidden state after layer {layer} differs \
+                 from the unsplit run's"
+            );
+        }
         match &self.first_difference {
             None => format!(
-                "verify: the unsplit run on the head gave the same {} ids",
-                self.ids.len()
+                "verify: the unsplit run on the head gave the same {} ids{}",
+                self.ids.len(),
+                match self.hops_compared {
+                    0 => String::new(),
+                    n => format!(
+                        " and the same hidden state at the {n} layer boundary(ies) both have"
+                    ),
+                }
             ),
             Some(d) => format!(
                 "verify failed: the split and the unsplit run first differ at generated token {} \
@@ -265,9 +302,17 @@ impl VerifyReport {
     }
 }
 
+/// What the split run Verify checks produced: its generated ids and the hops of its first lap.
+#[derive(Clone, Copy, Debug)]
+pub struct SplitRun<'a> {
+    pub ids: &'a [u32],
+    pub hops: &'a [Hop],
+}
+
 /// Re-run the request with every layer on the head (the same path and chunks) and compare its ids
-/// with `ids`. `solo` is the head's unsplit stage when one is loaded already; otherwise the whole
-/// model is loaded here.
+/// with `split.ids`, and the hash of each hop of `split.hops` (the split run's first lap) with the unsplit
+/// run's at the same layer boundary (the last stage's output, at least). `solo` is the head's
+/// unsplit stage when one is loaded already; otherwise the whole model is loaded here.
 pub fn verify(
     opened: &Opened,
     solo: Option<&Stage>,
@@ -275,7 +320,7 @@ pub fn verify(
     backend: &Arc<dyn Backend>,
     prompt_ids: &[u32],
     opts: &TurnOptions,
-    ids: &[u32],
+    split: SplitRun<'_>,
 ) -> Result<VerifyReport> {
     let single = Plan::single(opened.config().num_layers)?;
     let loaded;
@@ -295,7 +340,13 @@ pub fn verify(
         &mut |p| ring.lap(p),
         &mut |_| ControlFlow::Continue(()),
     )?;
-    Ok(VerifyReport::compare(ids, again.generation.ids, opts.path))
+    Ok(VerifyReport::compare(
+        split.ids,
+        again.generation.ids,
+        opts.path,
+        split.hops,
+        &ring.hops,
+    ))
 }
 
 /// One hop of the report, its hash in hex.
@@ -365,4 +416,54 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hop(after_layer: usize, byte: u8) -> Hop {
+        Hop {
+            after_layer,
+            sha256: [byte; 32],
+        }
+    }
+
+    #[test]
+    fn verify_compares_the_hops_both_runs_have() {
+        let split = [hop(10, 1), hop(20, 2), hop(30, 3)];
+        let same = VerifyReport::compare(
+            &[5, 6],
+            vec![5, 6],
+            ForwardPath::Cached,
+            &split,
+            &[hop(30, 3)],
+        );
+        assert!(same.matched);
+        assert_eq!((same.hops_compared, same.hop_difference), (1, None));
+        // The mutation: the same ids but another final hidden state is not a match.
+        let other = VerifyReport::compare(
+            &[5, 6],
+            vec![5, 6],
+            ForwardPath::Cached,
+            &split,
+            &[hop(30, 4)],
+        );
+        assert!(!other.matched && other.ids_equal);
+        assert_eq!(other.hop_difference, Some(30));
+        assert!(
+            other.summary().contains("after layer 30 differs"),
+            "{}",
+            other.summary()
+        );
+        let ids = VerifyReport::compare(
+            &[5, 6],
+            vec![5, 7],
+            ForwardPath::Cached,
+            &split,
+            &[hop(30, 3)],
+        );
+        assert!(!ids.matched);
+        assert_eq!(ids.first_difference.as_ref().map(|d| d.position), Some(1));
+    }
 }

@@ -59,13 +59,11 @@ pub(crate) fn probe(backend: &Arc<dyn Backend>, seed: u64) -> Result<(Hash, f64)
     Ok((Hash(hash), gops * 1e9 / 2.0))
 }
 
-/// A name for this device: the host name and the process id, in the wire's device-id grammar.
-pub(crate) fn default_device_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "device".to_string());
-    let clean: String = host
+/// `text` in the grammar the wire's names share (letters, digits, `.`, `_`, `-`; any other
+/// character becomes `-`), cut to `max` characters, without leading or trailing `.`, `_` or `-`;
+/// `fallback` when nothing is left.
+pub(crate) fn clean_name(text: &str, max: usize, fallback: &str) -> String {
+    let clean: String = text
         .trim()
         .chars()
         .map(|c| {
@@ -75,7 +73,21 @@ pub(crate) fn default_device_name() -> String {
                 '-'
             }
         })
-        .take(40)
+        .take(max)
         .collect();
-    format!("{}-{}", clean.trim_matches(['.', '-']), std::process::id())
+    let clean = clean.trim_matches(['.', '-', '_']);
+    if clean.is_empty() {
+        fallback.to_string()
+    } else {
+        clean.to_string()
+    }
+}
+
+/// A name for this device: the host name and the process id, in the wire's device-id grammar.
+pub(crate) fn default_device_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    format!("{}-{}", clean_name(&host, 40, "device"), std::process::id())
 }

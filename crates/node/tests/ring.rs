@@ -58,6 +58,15 @@ struct RingRun {
 }
 
 impl RingRun {
+    /// Every turn's JSON report the head printed (a head reading prompts from stdin prints several).
+    fn reports(&self) -> Vec<Value> {
+        self.head_out
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
     fn report(&self) -> Value {
         assert!(
             self.head_ok,
@@ -357,6 +366,10 @@ fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path
         report["verify"]["match"], true,
         "{path}: {}",
         report["verify"]
+    );
+    assert_eq!(
+        report["verify"]["hops_compared"], 1,
+        "the last stage's output, in both runs"
     );
     assert_eq!(report["devices"].as_array().unwrap().len(), n_members + 1);
     assert_eq!(report["path"], path);
@@ -817,12 +830,7 @@ fn a_dropped_member_that_joins_again_takes_part_in_the_next_turn() {
     live.wait_for("head: verify");
     let run = live.finish();
     assert!(run.head_ok, "{}", run.head_err);
-    let reports: Vec<Value> = run
-        .head_out
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let reports = run.reports();
     assert_eq!(reports.len(), 3, "{}", run.head_out);
     assert_eq!(reports[0]["devices"].as_array().unwrap().len(), 3);
     assert_eq!(reports[1]["replays"], 1);
@@ -868,12 +876,7 @@ fn a_second_prompt_waits_for_the_ring_tokenized() {
     let first = live.wait_for("is queued");
     let second = live.wait_for("is queued");
     let run = live.finish();
-    let reports: Vec<Value> = run
-        .head_out
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let reports = run.reports();
     assert_eq!(reports.len(), 2, "{}", run.head_err);
     // The second was tokenized before the first turn ended (it was queued while it ran).
     let queued_at = run.head_err.find(&second).unwrap();

@@ -108,19 +108,7 @@ fn local_repo(folder: &Path) -> Result<RepoId> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let clean: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '-'
-            }
-        })
-        .take(64)
-        .collect();
-    let clean = clean.trim_matches(['.', '-', '_']);
-    let clean = if clean.is_empty() { "model" } else { clean };
+    let clean = control::clean_name(&name, 64, "model");
     Ok(RepoId::parse(&format!("local/{clean}"))?)
 }
 
@@ -1253,7 +1241,10 @@ impl Ring<'_> {
                     &backend,
                     &prompt_ids,
                     opts,
-                    &generated.generation.ids,
+                    daisy_engine::SplitRun {
+                        ids: &generated.generation.ids,
+                        hops: &hops,
+                    },
                 )
             })
             .context("verify: the head could not re-run the turn with every layer")?;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use daisy_engine::{
-    BackendReport, HopReport, LocalRing, Prompt, TurnReport, check_stages, generate_turn,
+    BackendReport, HopReport, LocalRing, Prompt, SplitRun, TurnReport, check_stages, generate_turn,
     load_stages, peak_rss_bytes, plan_ranges, verify,
 };
 use daisy_tokenizer::Message as ChatMessage;
@@ -119,7 +119,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             &chosen.backend,
             &prompt_ids,
             &opts,
-            &generated.generation.ids,
+            SplitRun {
+                ids: &generated.generation.ids,
+                hops: &ring.hops,
+            },
         )?;
         if !json || !report.matched {
             eprintln!("{}", report.summary());
