@@ -218,8 +218,8 @@ pub struct VerifyReport {
     /// The first generated position where the two runs differ, with both ids there (`None` past
     /// the end of the shorter run).
     pub first_difference: Option<Difference>,
-    /// Hops of the first lap both runs have (the same layer boundary), whose hashes were compared.
-    pub hops_compared: usize,
+    /// The layer boundaries of the first lap both runs have a hop at, whose hashes were compared.
+    pub hops_compared: Vec<usize>,
     /// The layer after which a compared hop's hash differs, when one does.
     pub hop_difference: Option<usize>,
 }
@@ -267,7 +267,7 @@ impl VerifyReport {
             ids: unsplit,
             path: path.name(),
             first_difference,
-            hops_compared: pairs.len(),
+            hops_compared: pairs.iter().map(|(a, _)| a.after_layer).collect(),
             hop_difference,
         }
     }
@@ -284,10 +284,15 @@ impl VerifyReport {
             None => format!(
                 "verify: the unsplit run on the head gave the same {} ids{}",
                 self.ids.len(),
-                match self.hops_compared {
-                    0 => String::new(),
-                    n => format!(
-                        " and the same hidden state at the {n} layer boundary(ies) both have"
+                match self.hops_compared.as_slice() {
+                    [] => String::new(),
+                    layers => format!(
+                        " and the same hidden state after layer {}",
+                        layers
+                            .iter()
+                            .map(usize::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 }
             ),
@@ -440,7 +445,16 @@ mod tests {
             &[hop(30, 3)],
         );
         assert!(same.matched);
-        assert_eq!((same.hops_compared, same.hop_difference), (1, None));
+        assert_eq!(
+            (same.hops_compared.clone(), same.hop_difference),
+            (vec![30], None)
+        );
+        assert!(
+            same.summary()
+                .ends_with("the same hidden state after layer 30"),
+            "{}",
+            same.summary()
+        );
         // The mutation: the same ids but another final hidden state is not a match.
         let other = VerifyReport::compare(
             &[5, 6],
