@@ -407,6 +407,46 @@ pub struct TurnReport {
     pub peak_rss_bytes: Option<u64>,
 }
 
+impl TurnReport {
+    /// The report of a finished turn that `head` drove over `plan` on `path`: `hops` are its first
+    /// lap's, `verify` Verify's answer when it ran, `adapter` the backend's wgpu adapter.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of(
+        opened: &Opened,
+        plan: &Plan,
+        head: &Stage,
+        adapter: Option<String>,
+        path: ForwardPath,
+        prompt_ids: Vec<u32>,
+        generated: Generated,
+        hops: &[Hop],
+        verify: Option<VerifyReport>,
+    ) -> Self {
+        Self {
+            prompt_ids,
+            ids: generated.generation.ids,
+            text: generated.text,
+            plan: plan_ranges(plan),
+            stages: plan.stages().iter().map(|s| s.len()).collect(),
+            fingerprint: hex::encode(head.fingerprint()),
+            backend: BackendReport {
+                name: head.backend().name().to_string(),
+                adapter,
+            },
+            precision: head.precision().name(),
+            path: path.name(),
+            hops: HopReport::list(hops),
+            laps: generated.generation.laps,
+            cancelled: generated.generation.cancelled,
+            verify,
+            json_complete: generated.json_complete,
+            timings: generated.timings,
+            params: opened.config().num_params(),
+            peak_rss_bytes: peak_rss_bytes(),
+        }
+    }
+}
+
 /// Each stage's layers `[start, end)`, head first.
 pub fn plan_ranges(plan: &Plan) -> Vec<[usize; 2]> {
     plan.stages()

@@ -571,9 +571,14 @@ fn a_second_kill_in_the_replay_ends_the_turn_with_one_clear_error() {
 }
 
 fn tiny_turn() -> Vec<&'static str> {
+    tiny_turn_of("1,2")
+}
+
+/// Four tokens of the tiny GPT-2 from "Hello" on the split `stages`, reported as JSON.
+fn tiny_turn_of(stages: &'static str) -> Vec<&'static str> {
     vec![
         "--stages",
-        "1,2",
+        stages,
         "--prompt",
         "Hello",
         "--max-new-tokens",
@@ -719,17 +724,7 @@ fn a_members_token_reaches_no_other_process_and_no_frame_the_head_sent() {
     let sent_str = sent.to_str().unwrap();
     let mut live = Live::start_with(
         Path::new("tiny-org/tiny-gpt2"),
-        &[
-            "--stages",
-            "1,1,1",
-            "--prompt",
-            "Hello",
-            "--max-new-tokens",
-            "4",
-            "--ignore-eos",
-            "--format",
-            "json",
-        ],
+        &tiny_turn_of("1,1,1"),
         &[
             ("HF_ENDPOINT", &url),
             ("HF_TOKEN", head_token),

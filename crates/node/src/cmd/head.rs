@@ -22,8 +22,8 @@ use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use axum::routing::get;
 use daisy_engine::{
-    BackendReport, HopReport, LapHeader, Opened, TurnOptions, TurnReport, generate_turn,
-    load_stage, peak_rss_bytes, plan_ranges, receive_at_head, returned, send, verify,
+    LapHeader, Opened, TurnOptions, TurnReport, generate_turn, load_stage, receive_at_head,
+    returned, send, verify,
 };
 use daisy_loader::{Checkpoint, LocalDir};
 use daisy_model::Stage;
@@ -1253,30 +1253,18 @@ impl Ring<'_> {
         };
         let failed = verified.as_ref().is_some_and(|v| !v.matched);
         if json {
-            let plan = &self.plan;
             let report = RingReport {
-                turn: TurnReport {
+                turn: TurnReport::of(
+                    opened,
+                    &self.plan,
+                    head,
+                    self.chosen.adapter.clone(),
+                    opts.path,
                     prompt_ids,
-                    ids: generated.generation.ids.clone(),
-                    text: generated.text,
-                    plan: plan_ranges(plan),
-                    stages: plan.stages().iter().map(|s| s.len()).collect(),
-                    fingerprint: hex::encode(head.fingerprint()),
-                    backend: BackendReport {
-                        name: head.backend().name().to_string(),
-                        adapter: self.chosen.adapter.clone(),
-                    },
-                    precision: head.precision().name(),
-                    path: opts.path.name(),
-                    hops: HopReport::list(&hops),
-                    laps: generated.generation.laps,
-                    cancelled: generated.generation.cancelled,
-                    verify: verified,
-                    json_complete: generated.json_complete,
-                    timings: generated.timings,
-                    params: opened.config().num_params(),
-                    peak_rss_bytes: peak_rss_bytes(),
-                },
+                    generated,
+                    &hops,
+                    verified,
+                ),
                 turn_id: turn,
                 replays,
                 verify_unavailable,

@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use daisy_engine::{
-    BackendReport, HopReport, LocalRing, Prompt, SplitRun, TurnReport, check_stages, generate_turn,
-    load_stages, peak_rss_bytes, plan_ranges, verify,
+    LocalRing, Prompt, SplitRun, TurnReport, check_stages, generate_turn, load_stages, verify,
 };
 use daisy_tokenizer::Message as ChatMessage;
 use daisy_wire::Plan;
@@ -133,28 +132,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     };
     let failed = verified.as_ref().is_some_and(|v| !v.matched);
     if json {
-        let report = TurnReport {
+        let report = TurnReport::of(
+            &opened,
+            &plan,
+            &stages[0],
+            chosen.adapter,
+            opts.path,
             prompt_ids,
-            ids: generated.generation.ids.clone(),
-            text: generated.text,
-            plan: plan_ranges(&plan),
-            stages: counts,
-            fingerprint: hex::encode(stages[0].fingerprint()),
-            backend: BackendReport {
-                name: stages[0].backend().name().to_string(),
-                adapter: chosen.adapter,
-            },
-            precision: precision.name(),
-            path: opts.path.name(),
-            hops: HopReport::list(&ring.hops),
-            laps: generated.generation.laps,
-            cancelled: generated.generation.cancelled,
-            verify: verified,
-            json_complete: generated.json_complete,
-            timings: generated.timings,
-            params: opened.config().num_params(),
-            peak_rss_bytes: peak_rss_bytes(),
-        };
+            generated,
+            &ring.hops,
+            verified,
+        );
         println!("{}", serde_json::to_string(&report)?);
     }
     if failed {
