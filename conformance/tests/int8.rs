@@ -165,6 +165,7 @@ fn seeded_sampling_is_split_and_path_invariant() {
     let sampling = Sampling {
         temperature: 0.8,
         seed: 20261129,
+        ..Sampling::default()
     };
     let new_tokens = 8;
     let mut faults = Vec::new();

@@ -11,6 +11,7 @@ mod error;
 mod lap;
 mod open;
 mod stages;
+mod stop;
 mod turn;
 
 pub use backend::{ChosenBackend, choose_backend};
@@ -20,6 +21,7 @@ pub use lap::{
 };
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{check_stages, load_stage, load_stages};
+pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{
     BackendReport, Difference, Generated, HopReport, PathChoice, SplitRun, Timings, TokenEvent,
     TurnOptions, TurnReport, VerifyReport, generate_turn, peak_rss_bytes, plan_ranges, verify,

@@ -56,12 +56,18 @@ pub struct TurnOptions {
 }
 
 impl TurnOptions {
-    /// Refused when the temperature is negative or not finite.
+    /// Refused when the temperature is negative or not finite, or `top_p` is not in (0, 1].
     pub fn check(&self) -> Result<()> {
         let t = self.sampling.temperature;
         if !(t.is_finite() && t >= 0.0) {
             return Err(Error::Invalid(format!(
                 "temperature {t}, expected a finite number at least 0"
+            )));
+        }
+        let p = self.sampling.top_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(Error::Invalid(format!(
+                "top_p {p}, expected a number above 0 and at most 1"
             )));
         }
         Ok(())

@@ -4,11 +4,24 @@
 //! split, the path or the number of laps.
 
 /// How the next token is chosen.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
     /// 0 is greedy.
     pub temperature: f32,
     pub seed: u64,
+    /// Nucleus sampling: the draw is among the most likely tokens whose probabilities add up to at
+    /// least `top_p` (1 keeps every token; the draw is then exactly the plain one).
+    pub top_p: f32,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            seed: 0,
+            top_p: 1.0,
+        }
+    }
 }
 
 /// The lowest id among the largest logits.
@@ -57,10 +70,13 @@ pub fn pick(logits: &[f32], sampling: Sampling, position: usize) -> u32 {
     }
     let t = sampling.temperature as f64;
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let weights: Vec<f64> = logits
+    let mut weights: Vec<f64> = logits
         .iter()
         .map(|&l| libm::exp((l as f64 - max) / t))
         .collect();
+    if sampling.top_p < 1.0 {
+        keep_nucleus(&mut weights, sampling.top_p as f64);
+    }
     let total: f64 = weights.iter().sum();
     let target = draw(sampling.seed, position) * total;
     let mut acc = 0.0;
@@ -71,6 +87,26 @@ pub fn pick(logits: &[f32], sampling: Sampling, position: usize) -> u32 {
         }
     }
     argmax(logits)
+}
+
+/// Zero every weight outside the nucleus: the most likely tokens (ties: the lower id first) whose
+/// weights add up to at least `top_p` of the total; the one most likely token always stays.
+fn keep_nucleus(weights: &mut [f64], top_p: f64) {
+    let total: f64 = weights.iter().sum();
+    let mut order: Vec<usize> = (0..weights.len()).collect();
+    order.sort_by(|&a, &b| weights[b].total_cmp(&weights[a]).then(a.cmp(&b)));
+    let mut acc = 0.0;
+    let mut kept = order.len();
+    for (n, &i) in order.iter().enumerate() {
+        acc += weights[i];
+        if acc >= top_p * total {
+            kept = n + 1;
+            break;
+        }
+    }
+    for &i in &order[kept..] {
+        weights[i] = 0.0;
+    }
 }
 
 /// The prefill chunk sizes of the cached path: `ceil(t/16)` chunks as even as possible, larger first.
@@ -111,7 +147,8 @@ mod tests {
                 &[1.0, 3.0, 3.0],
                 Sampling {
                     temperature: 0.0,
-                    seed: 9
+                    seed: 9,
+                    top_p: 1.0,
                 },
                 4
             ),
@@ -128,6 +165,7 @@ mod tests {
         let s = Sampling {
             temperature: 0.8,
             seed: 3,
+            top_p: 1.0,
         };
         let a: Vec<u32> = (0..40).map(|p| pick(&logits, s, p)).collect();
         let b: Vec<u32> = (0..40)
@@ -135,6 +173,39 @@ mod tests {
             .collect();
         assert_ne!(a, b);
         assert!(a.iter().any(|&i| i != argmax(&logits)));
+    }
+
+    #[test]
+    fn top_p_draws_only_from_the_nucleus() {
+        // Probabilities at temperature 1: about 0.64, 0.24, 0.09, 0.03.
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let s = |top_p| Sampling {
+            temperature: 1.0,
+            seed: 11,
+            top_p,
+        };
+        let drawn = |top_p| -> std::collections::BTreeSet<u32> {
+            (0..400).map(|p| pick(&logits, s(top_p), p)).collect()
+        };
+        assert_eq!(drawn(1.0), [0, 1, 2, 3].into());
+        assert_eq!(drawn(0.8), [0, 1].into());
+        assert_eq!(drawn(0.5), [0].into());
+        // top_p 1 is the plain draw, position by position.
+        let plain = Sampling {
+            temperature: 1.0,
+            seed: 11,
+            top_p: 1.0,
+        };
+        for p in 0..50 {
+            let w: Vec<f64> = logits.iter().map(|&l| libm::exp(l as f64 - 3.0)).collect();
+            let target = draw(11, p) * w.iter().sum::<f64>();
+            let mut acc = 0.0;
+            let expected = w.iter().position(|x| {
+                acc += x;
+                acc > target
+            });
+            assert_eq!(Some(pick(&logits, plain, p) as usize), expected);
+        }
     }
 
     #[test]

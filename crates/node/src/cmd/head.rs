@@ -36,6 +36,8 @@ use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use super::api::{self, Api};
+use super::job::{Finish, Finished, Job, Sink, Streamed};
 use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
@@ -79,11 +81,19 @@ pub(crate) struct Args {
     /// while the previous one is still travelling (1: one at a time).
     #[arg(long, default_value_t = 2)]
     pub(crate) in_flight: usize,
-    /// Skip Verify (the re-run of each turn with every layer on the head).
+    /// Skip Verify (the re-run of each turn with every layer on the head) for `--prompt` and stdin
+    /// prompts; an API request asks for it with `verify: true`.
     #[arg(long)]
     pub(crate) no_verify: bool,
     #[command(flatten)]
     pub(crate) format: FormatArgs,
+    /// Require `Authorization: Bearer KEY` on the OpenAI API (`/v1/*`); `DAISY_API_KEY` sets it
+    /// without a command line. Without a key the API is open to whoever reaches `--listen`.
+    #[arg(long, value_name = "KEY")]
+    pub(crate) api_key: Option<String>,
+    /// Turns that may wait for the ring at once; an API request beyond them gets 429.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) max_queued: usize,
 }
 
 /// Longest wait for a member's Hello or probe result.
@@ -421,9 +431,19 @@ async fn member_session(
     result
 }
 
-pub(crate) fn run(args: Args) -> Result<()> {
+pub(crate) fn run(mut args: Args) -> Result<()> {
     let opts = args.generate.turn_options();
     opts.check()?;
+    if args.max_queued == 0 {
+        bail!("--max-queued 0: at least one turn must be able to wait");
+    }
+    // The key lives in this process's memory only, zeroed when dropped.
+    let api_key = args
+        .api_key
+        .take()
+        .or_else(|| std::env::var("DAISY_API_KEY").ok())
+        .filter(|k| !k.is_empty())
+        .map(zeroize::Zeroizing::new);
     let secret = match &args.secret_file {
         Some(path) => Secret::parse(
             &std::fs::read_to_string(path)
@@ -445,13 +465,18 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(serve(args, opts, secret, source, chosen))
+    let api_key = api_key.as_ref().map(Api::key_hash);
+    // Outside the runtime: a repo's tokenizer files may be fetched (blocking HTTP) here.
+    let encoder = Arc::new(source.opened.encoder()?);
+    runtime.block_on(serve(args, opts, secret, api_key, encoder, source, chosen))
 }
 
 async fn serve(
     args: Args,
     opts: TurnOptions,
     secret: Secret,
+    api_key: Option<[u8; 32]>,
+    encoder: Arc<daisy_engine::Encoder>,
     source: Source,
     chosen: daisy_engine::ChosenBackend,
 ) -> Result<()> {
@@ -474,9 +499,26 @@ async fn serve(
         opening: AtomicU64::new(0),
         joined: joined_tx,
     });
+    let (jobs_tx, mut jobs) = mpsc::channel(args.max_queued);
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let api = Arc::new(Api {
+        model_id: args.model.clone(),
+        encoder: encoder.clone(),
+        context: source.opened.config().max_position_embeddings,
+        vocab_size: source.opened.config().vocab_size,
+        path: opts.path,
+        jobs: jobs_tx.clone(),
+        ready: ready.clone(),
+        key_sha256: api_key,
+        fingerprint: format!(
+            "daisy-{}",
+            hex::encode(&source.opened.checkpoint.fingerprint()[..8])
+        ),
+    });
     let mut app = Router::new()
         .route("/ring", get(ring_socket))
-        .with_state(shared.clone());
+        .with_state(shared.clone())
+        .merge(api::router(api));
     let mut served = None;
     if let Some(folder) = &source.folder {
         let (routes, counter) = super::mirror::folder_router(source.repo.clone(), folder.clone());
@@ -503,12 +545,26 @@ async fn serve(
         &source.commit.as_str()[..12]
     );
 
+    eprintln!(
+        "head: the OpenAI API is at http://{shown}/v1{}",
+        if api_key.is_some() {
+            " (a key is required)"
+        } else {
+            ""
+        }
+    );
     let settings = Settings {
         args: &args,
         opts: &opts,
         served,
     };
-    let result = drive(&settings, &shared, &mut joined_rx, source, chosen).await;
+    let queue = Queue {
+        jobs: &mut jobs,
+        tx: jobs_tx,
+        ready: &ready,
+        encoder,
+    };
+    let result = drive(&settings, &shared, &mut joined_rx, queue, source, chosen).await;
     server.abort();
     result
 }
@@ -991,11 +1047,12 @@ impl Ring<'_> {
         Ok(lap_stats(ms))
     }
 
-    /// One attempt at a turn. `shown` counts the tokens already printed (by an attempt that failed),
-    /// which a replay does not print again.
-    async fn attempt(&mut self, prompt_ids: &[u32], shown: &mut usize) -> Result<Attempt, Failure> {
-        let opts = self.settings.opts;
-        let json = self.settings.args.format.json();
+    /// One attempt at a turn. `shown` keeps what earlier attempts (that failed) already showed,
+    /// which a replay does not show again.
+    async fn attempt(&mut self, job: &Job, shown: &mut Shown) -> Result<Attempt, Failure> {
+        let opts = &job.opts;
+        let prompt_ids = &job.prompt_ids[..];
+        let quiet = matches!(job.sink, Sink::Stdout) && self.settings.args.format.json();
         let turn = self.next_turn;
         self.next_turn += 1;
         let cached = opts.path == daisy_model::ForwardPath::Cached;
@@ -1100,13 +1157,31 @@ impl Ring<'_> {
                 Ok(data)
             };
             generate_turn(opened, head, prompt_ids, opts, &mut lap, &mut |t| {
-                if t.index >= *shown {
-                    *shown = t.index + 1;
-                    if !json {
-                        let _ = write!(stdout, "{}", t.text).and_then(|()| stdout.flush());
+                // A replay's tokens up to where the failed attempt got were shown already.
+                if t.index < shown.tokens {
+                    return ControlFlow::Continue(());
+                }
+                shown.tokens = t.index + 1;
+                let text = shown.scan.push(t.text);
+                match &job.sink {
+                    Sink::Stdout => {
+                        if !quiet {
+                            let _ = write!(stdout, "{text}").and_then(|()| stdout.flush());
+                        }
+                    }
+                    Sink::Client(tx) => {
+                        let sent = text.is_empty() || tx.send(Streamed::Text(text)).is_ok();
+                        if !sent || tx.is_closed() {
+                            shown.client_gone = true;
+                            return ControlFlow::Break(());
+                        }
                     }
                 }
-                ControlFlow::Continue(())
+                if shown.scan.stopped() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
             })
         });
         self.slowest_lap = slowest;
@@ -1152,19 +1227,40 @@ impl Ring<'_> {
         Ok((generated, hops, lap_ms, turn))
     }
 
-    /// A turn: replayed once, without the member that failed, when one does.
-    async fn turn(&mut self, prompt_ids: Vec<u32>) -> Result<()> {
-        let (args, opts) = (self.settings.args, self.settings.opts);
-        let json = args.format.json();
+    /// A turn: replayed once, without the member that failed, when one does. A client's turn that
+    /// fails is told why before the error ends the head.
+    async fn turn(&mut self, job: Job) -> Result<()> {
+        let result = self.turn_of(&job).await;
+        if let (Err(e), Sink::Client(tx)) = (&result, &job.sink) {
+            let _ = tx.send(Streamed::Failed(format!("{e:#}")));
+        }
+        result
+    }
+
+    async fn turn_of(&mut self, job: &Job) -> Result<()> {
+        let args = self.settings.args;
+        let (opts, prompt_ids) = (&job.opts, &job.prompt_ids);
+        if job.sink.gone() {
+            eprintln!("head: a queued request was cancelled before its turn");
+            return Ok(());
+        }
+        if let Sink::Client(tx) = &job.sink {
+            let _ = tx.send(Streamed::Started);
+        }
+        let stdout_json = matches!(job.sink, Sink::Stdout) && args.format.json();
         eprintln!(
             "head: a turn of {} prompt tokens, {} path",
             prompt_ids.len(),
             opts.path.name()
         );
-        let mut shown = 0;
+        let mut shown = Shown {
+            tokens: 0,
+            scan: daisy_engine::StopScan::new(job.stop.clone())?,
+            client_gone: false,
+        };
         let mut replays = 0;
         let (generated, hops, lap_ms, turn) = loop {
-            match self.attempt(&prompt_ids, &mut shown).await {
+            match self.attempt(job, &mut shown).await {
                 Ok(done) => break done,
                 Err(Failure::Member { device, why }) if replays == 0 => {
                     eprintln!(
@@ -1187,51 +1283,103 @@ impl Ring<'_> {
                 Err(Failure::Other(e)) => return Err(e),
             }
         };
-        if !json {
-            println!();
+        let ids = &generated.generation.ids;
+        if shown.client_gone {
+            eprintln!(
+                "head: the client went away; its turn stopped after {} tokens",
+                ids.len()
+            );
+            return Ok(());
+        }
+        // The end of the answer: what the stop scan held back, and (without a stop string) any
+        // characters the last ids complete.
+        let held = shown.scan.finish();
+        let text = if shown.scan.stopped() {
+            shown.scan.text().to_string()
+        } else {
+            generated.text.clone()
+        };
+        let tail = match text.strip_prefix(shown.scan.text()) {
+            Some(rest) => format!("{held}{rest}"),
+            None => held,
+        };
+        match &job.sink {
+            Sink::Stdout if !stdout_json => {
+                println!("{tail}");
+            }
+            Sink::Stdout => {}
+            Sink::Client(tx) => {
+                if !tail.is_empty() {
+                    let _ = tx.send(Streamed::Text(tail));
+                }
+            }
         }
         let t = generated.timings;
         // Decode laps carry one row; the prefill's chunks more (a one-token prompt's is counted too).
         let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0 == 1).map(|l| l.1).collect();
         let stats = lap_stats(lap_ms.into_iter().map(|l| l.1).collect());
         let decode_stats = lap_stats(decode);
-        let hop_stats = if json {
+        let hop_stats = if stdout_json {
             Some(self.measure_hops(HOP_PINGS).await?)
         } else {
             None
         };
         eprintln!(
             "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
-            generated.generation.ids.len(),
+            ids.len(),
             t.prefill_tokens_per_s,
             t.decode_tokens_per_s,
             stats.p50_ms,
             stats.p99_ms
         );
-        if generated.json_complete == Some(false) {
+        let opened = &self.source.opened;
+        let ended_by_eos = !opts.ignore_eos
+            && ids
+                .last()
+                .is_some_and(|id| opened.eos_token_ids().contains(id));
+        let finish =
+            if shown.scan.stopped() || ended_by_eos || generated.json_complete == Some(true) {
+                Finish::Stop
+            } else if ids.len() >= opts.max_new_tokens {
+                Finish::Length
+            } else {
+                Finish::Stop
+            };
+        if generated.json_complete == Some(false) && matches!(job.sink, Sink::Stdout) {
             bail!(
                 "json-output: the value is not complete after --max-new-tokens {}",
                 opts.max_new_tokens
             );
         }
         let head = self.head.as_ref().expect("established");
-        let opened = &self.source.opened;
         // Verify needs every layer on the head; when they cannot fit it says so, never passes.
         let facts = model_facts(opened);
         let whole = facts.head_bytes + facts.n_layers as u64 * facts.layer_bytes;
         let memory = control::memory_bytes(args.memory_limit);
         let mut verify_unavailable = None;
-        let verified = if args.no_verify {
-            eprintln!("head: verify skipped (--no-verify)");
+        let verified = if !job.verify {
+            eprintln!(
+                "head: verify skipped ({})",
+                match job.sink {
+                    Sink::Stdout => "--no-verify",
+                    Sink::Client(_) => "the request did not ask for it",
+                }
+            );
             None
         } else if let Some(m) = memory.filter(|&m| m < whole) {
             let why = format!(
-                "verify: not run, the head cannot hold the whole model ({whole} bytes of weights,                  {m} available): this answer is unverified"
+                "verify: not run, the head cannot hold the whole model ({whole} bytes of weights, \
+                 {m} available): this answer is unverified"
             );
             eprintln!("head: {why}");
             verify_unavailable = Some(why);
             None
         } else {
+            // A turn cut short by a stop string is verified over the ids it produced.
+            let mut opts = opts.clone();
+            if generated.generation.cancelled {
+                opts.max_new_tokens = ids.len();
+            }
             let backend = self.chosen.backend.clone();
             let report = tokio::task::block_in_place(|| {
                 verify(
@@ -1239,12 +1387,9 @@ impl Ring<'_> {
                     None,
                     head.precision(),
                     &backend,
-                    &prompt_ids,
-                    opts,
-                    daisy_engine::SplitRun {
-                        ids: &generated.generation.ids,
-                        hops: &hops,
-                    },
+                    prompt_ids,
+                    &opts,
+                    daisy_engine::SplitRun { ids, hops: &hops },
                 )
             })
             .context("verify: the head could not re-run the turn with every layer")?;
@@ -1252,7 +1397,19 @@ impl Ring<'_> {
             Some(report)
         };
         let failed = verified.as_ref().is_some_and(|v| !v.matched);
-        if json {
+        if let Sink::Client(tx) = &job.sink {
+            let _ = tx.send(Streamed::Done(Box::new(Finished {
+                text,
+                prompt_tokens: prompt_ids.len(),
+                completion_tokens: ids.len(),
+                finish,
+                verify: verified,
+                verify_unavailable,
+                decode_tokens_per_s: t.decode_tokens_per_s,
+            })));
+            return Ok(());
+        }
+        if stdout_json {
             let report = RingReport {
                 turn: TurnReport::of(
                     opened,
@@ -1260,7 +1417,7 @@ impl Ring<'_> {
                     head,
                     self.chosen.adapter.clone(),
                     opts.path,
-                    prompt_ids,
+                    prompt_ids.clone(),
                     generated,
                     &hops,
                     verified,
@@ -1287,6 +1444,15 @@ impl Ring<'_> {
         }
         Ok(())
     }
+}
+
+/// What a turn has shown so far, kept across its replay.
+struct Shown {
+    /// Tokens shown.
+    tokens: usize,
+    scan: daisy_engine::StopScan,
+    /// The client's receiver is gone: the turn was cancelled.
+    client_gone: bool,
 }
 
 /// What the planner knows of the model: int8 bytes and multiply-accumulates per layer and head.
@@ -1447,10 +1613,21 @@ async fn admit_one(
     }))
 }
 
+/// The head's one queue of turns: stdin's prompts and the API's requests (`None`: stdin ended).
+struct Queue<'a> {
+    jobs: &'a mut mpsc::Receiver<Option<Job>>,
+    tx: mpsc::Sender<Option<Job>>,
+    /// Set once the ring is formed.
+    ready: &'a std::sync::atomic::AtomicBool,
+    /// Encodes stdin's prompts on a thread of their own.
+    encoder: Arc<daisy_engine::Encoder>,
+}
+
 async fn drive(
     settings: &Settings<'_>,
     shared: &Arc<Shared>,
     joined: &mut mpsc::Receiver<(String, Link)>,
+    queue: Queue<'_>,
     source: Source,
     chosen: daisy_engine::ChosenBackend,
 ) -> Result<()> {
@@ -1536,7 +1713,7 @@ async fn drive(
         head_probe,
         bytes_sent_before: 0,
     };
-    let result = run_turns(&mut ring, joined).await;
+    let result = run_turns(&mut ring, joined, queue).await;
     for m in &ring.members {
         m.control.close().await;
     }
@@ -1562,48 +1739,82 @@ async fn form(ring: &mut Ring<'_>) -> Result<()> {
     }
 }
 
-async fn run_turns(ring: &mut Ring<'_>, joined: &mut mpsc::Receiver<(String, Link)>) -> Result<()> {
+/// Does stdin carry prompts? Not when it is `/dev/null` (a character device that is no terminal):
+/// a head started that way serves its API until it is stopped.
+fn stdin_has_prompts() -> bool {
+    use std::io::IsTerminal;
+    use std::os::unix::fs::FileTypeExt;
+    if std::io::stdin().is_terminal() {
+        return true;
+    }
+    !std::fs::metadata("/dev/stdin").is_ok_and(|m| m.file_type().is_char_device())
+}
+
+async fn run_turns(
+    ring: &mut Ring<'_>,
+    joined: &mut mpsc::Receiver<(String, Link)>,
+    queue: Queue<'_>,
+) -> Result<()> {
     let args = ring.settings.args;
     form(ring).await?;
+    queue.ready.store(true, Ordering::SeqCst);
+    let job = |prompt_ids| Job {
+        prompt_ids,
+        opts: ring.settings.opts.clone(),
+        stop: Vec::new(),
+        verify: !args.no_verify,
+        sink: Sink::Stdout,
+    };
     if let Some(p) = &args.prompt {
         let prompt = super::run::prompt(p, args.generate.chat);
         let ids = ring.source.opened.encode(&prompt).context("--prompt")?;
-        return ring.turn(ids).await;
+        let job = job(ids);
+        return ring.turn(job).await;
     }
-    // Prompts are read and tokenized on a thread of their own, so one typed while a turn owns the
-    // ring is tokenized while it waits; turns take them in order.
-    let encoder = ring.source.opened.encoder()?;
-    let chat = args.generate.chat;
-    let (queue_tx, mut queue) = mpsc::unbounded_channel::<Result<Vec<u32>>>();
-    std::thread::Builder::new()
-        .name("prompts".into())
-        .spawn(move || {
-            for line in std::io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let ids = encoder
-                    .encode(&super::run::prompt(&line, chat))
-                    .map_err(|e| anyhow!("the prompt: {e:#}"));
-                if let Ok(ids) = &ids {
+    if stdin_has_prompts() {
+        // Prompts are read and tokenized on a thread of their own, so one typed while a turn owns
+        // the ring is tokenized while it waits; turns take them in order, with the API's requests.
+        let encoder = queue.encoder.clone();
+        let chat = args.generate.chat;
+        let tx = queue.tx.clone();
+        let template = job(Vec::new());
+        let (opts, verify) = (template.opts, template.verify);
+        std::thread::Builder::new()
+            .name("prompts".into())
+            .spawn(move || {
+                for line in std::io::stdin().lock().lines() {
+                    let Ok(line) = line else { break };
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    // A prompt that cannot be encoded loses nothing else: the next is read.
+                    let ids = match encoder.encode(&super::run::prompt(&line, chat)) {
+                        Ok(ids) => ids,
+                        Err(e) => {
+                            eprintln!("head: the prompt: {e:#}");
+                            continue;
+                        }
+                    };
                     eprintln!("head: a prompt of {} tokens is queued", ids.len());
+                    let job = Job {
+                        prompt_ids: ids,
+                        opts: opts.clone(),
+                        stop: Vec::new(),
+                        verify,
+                        sink: Sink::Stdout,
+                    };
+                    if tx.blocking_send(Some(job)).is_err() {
+                        return;
+                    }
                 }
-                if queue_tx.send(ids).is_err() {
-                    break;
-                }
-            }
-        })?;
-    eprintln!("head: type a prompt and press enter (end with ctrl-d)");
-    while let Some(ids) = queue.recv().await {
-        let ids = match ids {
-            Ok(ids) => ids,
-            Err(e) => {
-                // A prompt that cannot be encoded loses nothing else: the ring waits for the next.
-                eprintln!("head: {e:#}");
-                continue;
-            }
-        };
+                let _ = tx.blocking_send(None);
+            })?;
+        eprintln!("head: type a prompt and press enter (end with ctrl-d)");
+    } else {
+        eprintln!("head: ready; serving until stopped");
+    }
+    drop(queue.tx);
+    while let Some(Some(job)) = queue.jobs.recv().await {
         // Devices that joined since the last turn (a dropped member back, or a new one) take part;
         // one whose control link is still opening is waited for a little.
         let t0 = Instant::now();
@@ -1626,7 +1837,7 @@ async fn run_turns(ring: &mut Ring<'_>, joined: &mut mpsc::Receiver<(String, Lin
         if added {
             form(ring).await?;
         }
-        ring.turn(ids).await?;
+        ring.turn(job).await?;
     }
     Ok(())
 }

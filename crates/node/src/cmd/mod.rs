@@ -10,10 +10,12 @@ use daisy_loader::Checkpoint;
 use daisy_loader::hub::{HubClient, Token, TokenProvider};
 
 pub(crate) mod adapters;
+pub(crate) mod api;
 pub(crate) mod demo;
 pub(crate) mod fetch;
 pub(crate) mod head;
 pub(crate) mod inspect;
+pub(crate) mod job;
 pub(crate) mod join;
 pub(crate) mod mirror;
 pub(crate) mod options;

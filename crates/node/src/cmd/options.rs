@@ -77,6 +77,10 @@ pub(crate) struct GenerateArgs {
     /// The sampling seed (used above temperature 0).
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Draw only among the most likely tokens whose probabilities add up to this (above temperature
+    /// 0); 1 keeps every token.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) top_p: f32,
     /// Keep the completion inside one JSON object or array: each token is chosen among the 40 most
     /// likely that continue it, and the turn ends when the value is complete.
     #[arg(long)]
@@ -97,6 +101,8 @@ impl GenerateArgs {
             self.temperature.to_string(),
             "--seed".to_string(),
             self.seed.to_string(),
+            "--top-p".to_string(),
+            self.top_p.to_string(),
             "--path".to_string(),
             value_name(&self.path),
         ];
@@ -119,6 +125,7 @@ impl GenerateArgs {
             sampling: Sampling {
                 temperature: self.temperature,
                 seed: self.seed,
+                top_p: self.top_p,
             },
             path: self.path.resolve(),
             json_output: self.json_output,
