@@ -5,13 +5,14 @@
 //! The client runs in the Python that `DAISY_PYTHON` names (`.ci/run` makes a venv with `openai`);
 //! without it the test fails under `CI=true` and is skipped elsewhere.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value;
+
+mod common;
+
+use common::Served;
 
 const KEY: &str = "test-key-0123456789";
 const QUESTIONS: [&str; 3] = [
@@ -38,68 +39,13 @@ fn python() -> Option<PathBuf> {
         std::env::var_os("HOME")
             .map(|h| PathBuf::from(h).join(".cache/daisychain-infer/venv/bin/python")),
     ];
-    for p in candidates.into_iter().flatten() {
-        let ok = Command::new(&p)
+    let found = candidates.into_iter().flatten().find(|p| {
+        Command::new(p)
             .args(["-c", "import openai"])
             .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(p);
-        }
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "CI=true and no Python with the `openai` package: set DAISY_PYTHON (`.ci/run` makes one)"
-    );
-    eprintln!("skipped: no Python with `openai` (set DAISY_PYTHON)");
-    None
-}
-
-/// Every process the test starts, killed when it ends however it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The head's stderr, line by line, with what has been read so far.
-struct Lines {
-    rx: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Lines {
-    fn wait_for(&mut self, pattern: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(180);
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.rx.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(pattern) {
-                        return line;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        panic!(
-            "the head never printed {pattern:?}; it printed:\n{}",
-            self.seen.join("\n")
-        );
-    }
-
-    /// Everything printed until now (without waiting).
-    fn drain(&mut self) -> &[String] {
-        while let Ok(line) = self.rx.try_recv() {
-            self.seen.push(line);
-        }
-        &self.seen
-    }
+            .is_ok_and(|s| s.success())
+    });
+    common::tool(found, "a Python with the `openai` package (DAISY_PYTHON)")
 }
 
 /// `node run` on one user message (or raw text), the same split: the oracle's report.
@@ -182,51 +128,21 @@ fn assert_error(v: &Value, status: u64, what: &str) {
 #[test]
 fn the_openai_client_drives_a_two_process_ring() {
     let Some(py) = python() else { return };
-    let mut procs = Procs(Vec::new());
-    let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["head", "--model", &smollm2()])
-        .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
-        .args(["--stages", "15,15", "--max-queued", "1"])
-        .env("DAISY_API_KEY", KEY)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(head.stdout.take().unwrap());
-    let err = BufReader::new(head.stderr.take().unwrap());
-    procs.0.push(head);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in err.lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Lines {
-        rx,
-        seen: Vec::new(),
-    };
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let url = first.trim().strip_prefix("join: ").unwrap().to_string();
-    let base = url.split("/join").next().unwrap().to_string();
+    let mut head = Served::start(
+        &smollm2(),
+        &["--stages", "15,15", "--max-queued", "1"],
+        &[("DAISY_API_KEY", KEY)],
+    );
+    let base = head.base.clone();
 
     // No ring yet: 503 with Retry-After.
-    lines.wait_for("waiting for 1 member");
+    head.wait_for("waiting for 1 member");
     let early = client(&py, "not-ready", &base);
     assert_error(&early["not_ready"], 503, "before the ring is formed");
     assert!(early["not_ready"]["headers"]["retry-after"].is_string());
 
-    let mut member = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["join", "--backend", "cpu", "--name", "member-0"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    writeln!(member.stdin.take().unwrap(), "{url}").unwrap();
-    procs.0.push(member);
-    lines.wait_for("ready; serving until stopped");
+    head.join("member-0");
+    head.wait_for("ready; serving until stopped");
 
     let got = client(&py, "main", &base);
     let [q0, q1, q2] = QUESTIONS;
@@ -301,8 +217,8 @@ fn the_openai_client_drives_a_two_process_ring() {
     assert_eq!(got["after_queue"], eight["text"]);
     assert_eq!(got["after_cancel"], eight["text"]);
     // The first stream went away too; the second's stop is the one counted.
-    lines.wait_for("the client went away; its turn stopped after");
-    let stopped = lines.wait_for("the client went away; its turn stopped after");
+    head.wait_for("the client went away; its turn stopped after");
+    let stopped = head.wait_for("the client went away; its turn stopped after");
     let n: u64 = stopped
         .split("stopped after ")
         .nth(1)
@@ -331,7 +247,7 @@ fn the_openai_client_drives_a_two_process_ring() {
 
     // The key never reaches the head's log.
     assert!(
-        !lines.drain().iter().any(|l| l.contains(KEY)),
+        !head.drain().iter().any(|l| l.contains(KEY)),
         "the API key is in the head's log"
     );
 }

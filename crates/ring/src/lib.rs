@@ -14,7 +14,7 @@ pub use daisy_wire::{Plan, StageSpan, Violation};
 pub use error::Error;
 pub use planner::{
     DeviceInfo, Excluded, Exclusion, Layout, ModelFacts, PlanDecision, TOKEN_BUDGET_SECONDS,
-    plan_layers,
+    plan_layers, seconds_per_token,
 };
 pub use route::{Next, Visit, route, walk_lap, walk_lap_with};
 pub use turn::{

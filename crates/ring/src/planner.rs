@@ -170,7 +170,9 @@ fn capacity(memory: Option<u64>, reserved: u64, layer_bytes: u64) -> usize {
     }
 }
 
-fn seconds_per_token(counts: &[usize], rates: &[f64], model: &ModelFacts) -> f64 {
+/// The plan's estimate of one token's compute: each stage's layers at its measured GEMM rate, plus
+/// the head's lm_head (`rates[0]` is the head's).
+pub fn seconds_per_token(counts: &[usize], rates: &[f64], model: &ModelFacts) -> f64 {
     let layers: f64 = counts
         .iter()
         .zip(rates)

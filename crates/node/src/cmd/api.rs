@@ -591,7 +591,7 @@ async fn completions(State(api): State<Arc<Api>>, headers: HeaderMap, body: Body
 
 async fn respond(endpoint: Endpoint, api: Arc<Api>, headers: HeaderMap, body: Body) -> Response {
     match start(endpoint, &api, &headers, body).await {
-        Ok((checked, rx)) => {
+        Ok((checked, prompt_tokens, rx)) => {
             let reply = Reply {
                 endpoint,
                 id: reply_id(endpoint),
@@ -604,7 +604,7 @@ async fn respond(endpoint: Endpoint, api: Arc<Api>, headers: HeaderMap, body: Bo
                 verify: checked.verify,
             };
             if checked.stream {
-                stream_reply(reply, rx).into_response()
+                stream_reply(reply, prompt_tokens, rx).into_response()
             } else {
                 whole_reply(reply, rx).await
             }
@@ -619,7 +619,7 @@ async fn start(
     api: &Arc<Api>,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(Checked, mpsc::UnboundedReceiver<Streamed>), ApiError> {
+) -> Result<(Checked, usize, mpsc::UnboundedReceiver<Streamed>), ApiError> {
     let body = read_body(headers, body).await?;
     let mut checked = check(endpoint, api, &body)?;
     let ids = match std::mem::replace(&mut checked.prompt, PromptOf::Ids(Vec::new())) {
@@ -696,6 +696,7 @@ async fn start(
         .retry_after(RETRY_AFTER_S));
     }
     let (tx, rx) = mpsc::unbounded_channel();
+    let prompt_tokens = ids.len();
     let job = Job {
         prompt_ids: ids,
         opts: checked.opts.clone(),
@@ -704,7 +705,7 @@ async fn start(
         sink: Sink::Client(tx),
     };
     match api.jobs.try_send(Some(job)) {
-        Ok(()) => Ok((checked, rx)),
+        Ok(()) => Ok((checked, prompt_tokens, rx)),
         Err(mpsc::error::TrySendError::Full(_)) => Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
@@ -828,7 +829,12 @@ impl Reply {
 
 /// The turn's speed (a field of the head's own, beside OpenAI's).
 fn timings(done: &Finished) -> Value {
-    json!({"decode_tokens_per_s": done.decode_tokens_per_s})
+    json!({
+        "decode_tokens_per_s": done.decode_tokens_per_s,
+        "decode_lap_ms": done.lap_ms,
+        "hop_ms": done.hop_ms,
+        "hops": done.hops,
+    })
 }
 
 /// The header that carries Verify's result: `match`, `mismatch; …` or `unavailable; …`.
@@ -880,58 +886,60 @@ async fn whole_reply(reply: Reply, mut rx: mpsc::UnboundedReceiver<Streamed>) ->
 }
 
 /// Server-sent events: the chat's role first, a chunk per token's text, a final chunk with
-/// `finish_reason` (and `verify`), the usage chunk when asked for, then `[DONE]`.
+/// `finish_reason` (and `verify`), the usage chunk when asked for, then `[DONE]`. Comments (which
+/// clients ignore) tell the page that the turn waits (`: daisy {"queued":…}`) and when it starts.
 fn stream_reply(
     reply: Reply,
+    prompt_tokens: usize,
     rx: mpsc::UnboundedReceiver<Streamed>,
 ) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    let first = (reply.endpoint == Endpoint::Chat).then(|| reply.chunk(None, None));
-    let state = (reply, rx, first, false);
+    let mut first = Vec::new();
+    if reply.endpoint == Endpoint::Chat {
+        first.push(Event::default().data(reply.chunk(None, None).to_string()));
+    }
+    first.push(Event::default().comment(format!(
+        "daisy {}",
+        json!({"queued": true, "prompt_tokens": prompt_tokens})
+    )));
+    let state = (reply, rx, Some(first), false);
     let events = futures_util::stream::unfold(state, |(reply, mut rx, first, ended)| async move {
         if ended {
             return None;
         }
         if let Some(first) = first {
-            let event = Event::default().data(first.to_string());
-            return Some((vec![event], (reply, rx, None, false)));
+            return Some((first, (reply, rx, None, false)));
         }
-        loop {
-            let Some(event) = rx.recv().await else {
-                let error = turn_failed("the head stopped before the turn ended").body();
-                let events = vec![Event::default().data(error.to_string())];
-                return Some((events, (reply, rx, None, true)));
-            };
-            match event {
-                Streamed::Started => {}
-                Streamed::Text(text) => {
-                    let chunk = reply.chunk(Some(&text), None);
-                    return Some((
-                        vec![Event::default().data(chunk.to_string())],
-                        (reply, rx, None, false),
-                    ));
+        let data = |v: Value| Event::default().data(v.to_string());
+        let (events, ended) = match rx.recv().await {
+            None => (
+                vec![data(
+                    turn_failed("the head stopped before the turn ended").body(),
+                )],
+                true,
+            ),
+            Some(Streamed::Started) => (
+                vec![Event::default().comment(format!("daisy {}", json!({"started": true})))],
+                false,
+            ),
+            Some(Streamed::Text(text)) => (vec![data(reply.chunk(Some(&text), None))], false),
+            Some(Streamed::Done(done)) => {
+                let mut last = reply.chunk(None, Some(done.finish.name()));
+                last["timings"] = timings(&done);
+                if let Some(verify) = reply.verify_value(&done) {
+                    last["verify"] = verify;
                 }
-                Streamed::Done(done) => {
-                    let mut last = reply.chunk(None, Some(done.finish.name()));
-                    last["timings"] = timings(&done);
-                    if let Some(verify) = reply.verify_value(&done) {
-                        last["verify"] = verify;
-                    }
-                    let mut events = vec![Event::default().data(last.to_string())];
-                    if reply.include_usage {
-                        let mut usage = reply.envelope(true, json!([]));
-                        usage["usage"] = reply.usage(&done);
-                        events.push(Event::default().data(usage.to_string()));
-                    }
-                    events.push(Event::default().data("[DONE]"));
-                    return Some((events, (reply, rx, None, true)));
+                let mut events = vec![data(last)];
+                if reply.include_usage {
+                    let mut usage = reply.envelope(true, json!([]));
+                    usage["usage"] = reply.usage(&done);
+                    events.push(data(usage));
                 }
-                Streamed::Failed(why) => {
-                    let error = turn_failed(&why).body();
-                    let events = vec![Event::default().data(error.to_string())];
-                    return Some((events, (reply, rx, None, true)));
-                }
+                events.push(Event::default().data("[DONE]"));
+                (events, true)
             }
-        }
+            Some(Streamed::Failed(why)) => (vec![data(turn_failed(&why).body())], true),
+        };
+        Some((events, (reply, rx, None, ended)))
     });
     Sse::new(
         events

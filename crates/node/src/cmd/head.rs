@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Sink, Streamed};
 use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
+use super::view::SharedView;
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
 use crate::signal::{HEAD, JoinUrl, Role, Secret, Signal, nonce};
@@ -171,6 +172,8 @@ struct Shared {
     opening: AtomicU64,
     /// Admitted members with their control link, in the order they joined.
     joined: mpsc::Sender<(String, Link)>,
+    /// What the page shows.
+    view: SharedView,
 }
 
 impl Shared {
@@ -498,6 +501,11 @@ async fn serve(
         next_link: AtomicU64::new(0),
         opening: AtomicU64::new(0),
         joined: joined_tx,
+        view: SharedView::default(),
+    });
+    shared.view.update(|v| {
+        v.model = args.model.clone();
+        v.state = "waiting for members".into();
     });
     let (jobs_tx, mut jobs) = mpsc::channel(args.max_queued);
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -518,6 +526,7 @@ async fn serve(
     let mut app = Router::new()
         .route("/ring", get(ring_socket))
         .with_state(shared.clone())
+        .merge(super::page::router(shared.view.clone(), jobs_tx.clone()))
         .merge(api::router(api));
     let mut served = None;
     if let Some(folder) = &source.folder {
@@ -545,6 +554,7 @@ async fn serve(
         &source.commit.as_str()[..12]
     );
 
+    eprintln!("head: the page is at http://{shown}/");
     eprintln!(
         "head: the OpenAI API is at http://{shown}/v1{}",
         if api_key.is_some() {
@@ -714,6 +724,8 @@ struct Ring<'a> {
 const FIRST_LAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Heartbeat round trips per member that time a hop (`--format json`).
 const HOP_PINGS: usize = 100;
+/// The same after a client's turn (its reply's `timings.hop_ms`).
+const CLIENT_HOP_PINGS: usize = 10;
 /// A lap is stalled after this many times the slowest lap so far (and at least `MIN_STALL`).
 const STALL_FACTOR: u32 = 50;
 const MIN_STALL: Duration = Duration::from_secs(10);
@@ -758,7 +770,17 @@ impl Ring<'_> {
                 "head: stage {i} = {} holds layers {}..{}",
                 devices[i], span.layers.start, span.layers.end
             );
+            self.shared.view.device(&devices[i], |d| {
+                d.layers = Some([span.layers.start, span.layers.end]);
+                d.stage = Some(i);
+                d.status = "in the ring".into();
+                d.ready = i == 0 && d.ready;
+            });
         }
+        self.shared.view.update(|v| {
+            v.ring = devices.clone();
+            v.state = "loading".into();
+        });
         let f32 = self.settings.args.compute.precision == daisy_model::Precision::F32;
         // ids[i] is the link from stage i to stage i + 1, the last one back to the head.
         let n = self.members.len();
@@ -843,6 +865,7 @@ impl Ring<'_> {
             );
             self.head = Some(stage);
         }
+        self.shared.view.device(HEAD, |d| d.ready = true);
 
         // Every member reports its download and says Ready with the fingerprint it computed.
         let mut ready: HashMap<String, bool> = self
@@ -859,6 +882,12 @@ impl Ring<'_> {
                 .context("the members' events stopped")?;
             match event {
                 Event::Progress(device, p) => {
+                    self.shared.view.device(&device, |d| {
+                        let t0 = *d.fetch_started.get_or_insert_with(Instant::now);
+                        d.fetched = p.fetched();
+                        d.total = p.total();
+                        d.rate = p.fetched() as f64 / t0.elapsed().as_secs_f64().max(1e-3);
+                    });
                     let pct = 100 * p.fetched() / p.total().max(1);
                     let last = shown.entry(device.clone()).or_insert(u64::MAX);
                     if *last != pct && pct % 25 == 0 {
@@ -883,6 +912,10 @@ impl Ring<'_> {
                         ));
                     }
                     eprintln!("head: {device} is ready");
+                    self.shared.view.device(&device, |d| {
+                        d.ready = true;
+                        d.fetched = d.fetched.max(d.total);
+                    });
                     ready.insert(device, true);
                 }
                 Event::Down(device, why) if ready.contains_key(&device) => {
@@ -948,6 +981,7 @@ impl Ring<'_> {
             "head: the ring is connected: {} -> head",
             self.devices().join(" -> ")
         );
+        self.shared.view.state("ready");
         Ok(())
     }
 
@@ -960,6 +994,14 @@ impl Ring<'_> {
         member.control.close().await;
         self.shared.peers.lock().expect("peers lock").remove(device);
         self.excluded.push(format!("{device}: dropped, {why}"));
+        self.shared.view.device(device, |d| {
+            d.status = format!("dropped: {why}");
+            d.layers = None;
+            d.stage = None;
+            d.ready = false;
+        });
+        let excluded = self.excluded.clone();
+        self.shared.view.update(|v| v.excluded = excluded);
         let mut counts: Vec<usize> = self.plan.stages().iter().map(|s| s.len()).collect();
         let gone = counts.remove(i + 1);
         counts[i] += gone;
@@ -991,6 +1033,9 @@ impl Ring<'_> {
         };
         self.plan = Plan::from_counts(&counts, self.plan.n_layers())?;
         eprintln!("head: {} takes part from the next turn", member.device);
+        self.shared.view.device(&member.device, |d| {
+            d.status = "joins at the next turn".into()
+        });
         watch(&member, self.events_tx.clone(), self.back_tx.clone());
         self.members.push(member);
         Ok(true)
@@ -1230,9 +1275,23 @@ impl Ring<'_> {
     /// A turn: replayed once, without the member that failed, when one does. A client's turn that
     /// fails is told why before the error ends the head.
     async fn turn(&mut self, job: Job) -> Result<()> {
+        self.shared.view.state("generating");
         let result = self.turn_of(&job).await;
-        if let (Err(e), Sink::Client(tx)) = (&result, &job.sink) {
-            let _ = tx.send(Streamed::Failed(format!("{e:#}")));
+        match &result {
+            Ok(()) => self.shared.view.update(|v| {
+                v.state = "ready".into();
+                v.turns += 1;
+            }),
+            Err(e) => {
+                let why = format!("{e:#}");
+                self.shared.view.update(|v| {
+                    v.state = "stopped".into();
+                    v.error = Some(why.clone());
+                });
+                if let Sink::Client(tx) = &job.sink {
+                    let _ = tx.send(Streamed::Failed(why));
+                }
+            }
         }
         result
     }
@@ -1268,6 +1327,10 @@ impl Ring<'_> {
                          replaying the turn from the start"
                     );
                     replays += 1;
+                    self.shared.view.update(|v| {
+                        v.state = "replaying".into();
+                        v.replays += 1;
+                    });
                     self.drop_member(&device, &why).await?;
                     if let Err(f) = self.establish().await {
                         bail!(
@@ -1319,11 +1382,18 @@ impl Ring<'_> {
         let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0 == 1).map(|l| l.1).collect();
         let stats = lap_stats(lap_ms.into_iter().map(|l| l.1).collect());
         let decode_stats = lap_stats(decode);
+        // One hop on the wire, for the report (`--format json`) and a client's latency picture.
         let hop_stats = if stdout_json {
             Some(self.measure_hops(HOP_PINGS).await?)
+        } else if matches!(job.sink, Sink::Client(_)) && !self.members.is_empty() {
+            Some(self.measure_hops(CLIENT_HOP_PINGS).await?)
         } else {
             None
         };
+        let hop_ms = hop_stats.as_ref().map(|h| h.p50_ms);
+        if hop_ms.is_some() {
+            self.shared.view.update(|v| v.hop_ms = hop_ms);
+        }
         eprintln!(
             "head: {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s; lap p50 {:.2} ms, p99 {:.2} ms",
             ids.len(),
@@ -1406,6 +1476,9 @@ impl Ring<'_> {
                 verify: verified,
                 verify_unavailable,
                 decode_tokens_per_s: t.decode_tokens_per_s,
+                lap_ms: decode_stats.p50_ms,
+                hop_ms,
+                hops: self.members.len() + 1,
             })));
             return Ok(());
         }
@@ -1527,6 +1600,7 @@ async fn admit(
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     head_probe: &(daisy_wire::Hash, f64),
     excluded: &mut Vec<String>,
+    view: &SharedView,
 ) -> Result<Vec<Member>> {
     let mut members: Vec<Member> = Vec::new();
     eprintln!("head: waiting for {needed} member(s)");
@@ -1535,7 +1609,7 @@ async fn admit(
             .recv()
             .await
             .context("the signaling server stopped")?;
-        if let Some(m) = admit_one(device, link, backend, head_probe, excluded).await? {
+        if let Some(m) = admit_one(device, link, backend, head_probe, excluded, view).await? {
             members.push(m);
         }
     }
@@ -1550,8 +1624,10 @@ async fn admit_one(
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     head_probe: &(daisy_wire::Hash, f64),
     excluded: &mut Vec<String>,
+    view: &SharedView,
 ) -> Result<Option<Member>> {
     let link = Arc::new(link);
+    view.device(&device, |_| {});
     let hello = match control::expect(&link, "hello", HELLO_TIMEOUT).await {
         Ok(Message::Hello(h)) if h.device.as_str() == device => h,
         Ok(_) => {
@@ -1562,6 +1638,18 @@ async fn admit_one(
             eprintln!("head: {device}: {e:#}; left out");
             return Ok(None);
         }
+    };
+    view.device(&device, |d| {
+        d.memory_bytes = hello.memory_bytes;
+        d.backend = hello.backend.as_str().to_string();
+        d.gemm_rate = hello.gemm_rate.get();
+        d.probe = "running".into();
+    });
+    let left_out = |why: &str| {
+        view.device(&device, |d| {
+            d.probe = format!("left out: {why}");
+            d.status = format!("left out: {why}");
+        });
     };
     let seed = u64::from_le_bytes(nonce()[..8].try_into().expect("8 bytes"));
     control::send(&link, &Message::ProbeRequest(ProbeRequest { seed })).await?;
@@ -1577,12 +1665,14 @@ async fn admit_one(
                 e.message.as_str()
             );
             eprintln!("head: {why}");
+            left_out(&format!("its probe failed: {}", e.message.as_str()));
             excluded.push(why);
             link.close().await;
             return Ok(None);
         }
         Ok(_) | Err(_) => {
             eprintln!("head: {device} did not answer the probe; left out");
+            left_out("it did not answer the probe");
             link.close().await;
             return Ok(None);
         }
@@ -1594,10 +1684,15 @@ async fn admit_one(
             hex::encode(&expected.0.0[..8])
         );
         eprintln!("head: {why}");
+        left_out("its probe disagrees with the head's");
         excluded.push(why);
         link.close().await;
         return Ok(None);
     }
+    view.device(&device, |d| {
+        d.probe = "passed".into();
+        d.gemm_rate = result.gemm_rate.get();
+    });
     eprintln!(
         "head: {device}: {}, {:.1} GMAC/s, memory {}, probe matches",
         hello.backend.as_str(),
@@ -1641,8 +1736,18 @@ async fn drive(
         tokio::task::spawn_blocking(move || control::probe(&backend, control::HELLO_PROBE_SEED))
             .await??
     };
+    let view = &shared.view;
+    view.device(HEAD, |d| {
+        d.head = true;
+        d.memory_bytes = control::memory_bytes(args.memory_limit);
+        d.backend = chosen.backend.name();
+        d.adapter = chosen.adapter.clone();
+        d.gemm_rate = head_probe.1;
+        d.probe = "passed (the reference)".into();
+        d.status = "in the ring".into();
+    });
     let mut excluded = Vec::new();
-    let members = admit(needed, joined, &backend, &head_probe, &mut excluded).await?;
+    let members = admit(needed, joined, &backend, &head_probe, &mut excluded, view).await?;
 
     // The plan: `--stages` as given, members in the order they joined; else the planner's.
     let opened = &source.opened;
@@ -1667,12 +1772,14 @@ async fn drive(
                 };
                 let line = format!("{}: left out, {why}", e.device);
                 eprintln!("head: {line}");
+                view.device(e.device.as_str(), |d| d.status = format!("left out: {why}"));
                 excluded.push(line);
             }
             eprintln!(
                 "head: the plan estimates {:.3} s per token",
                 decision.seconds_per_token
             );
+            view.update(|v| v.seconds_per_token = Some(decision.seconds_per_token));
             let kept: Vec<Member> = members
                 .into_iter()
                 .filter(|m| decision.devices.iter().any(|d| d.as_str() == m.device))
@@ -1687,6 +1794,14 @@ async fn drive(
             members.len()
         );
     }
+    if args.stages.is_some() {
+        let counts: Vec<usize> = plan.stages().iter().map(|s| s.len()).collect();
+        let mut rates = vec![head_probe.1];
+        rates.extend(members.iter().map(|m| m.hello.gemm_rate.get()));
+        let seconds = daisy_ring::seconds_per_token(&counts, &rates, &model_facts(opened));
+        view.update(|v| v.seconds_per_token = Some(seconds));
+    }
+    view.update(|v| v.excluded = excluded.clone());
     let (events_tx, events) = mpsc::unbounded_channel();
     let (back_tx, back) = std::sync::mpsc::channel();
     for m in &members {
@@ -1828,8 +1943,11 @@ async fn run_turns(
             let backend = ring.chosen.backend.clone();
             let probe = ring.head_probe;
             let mut excluded = Vec::new();
-            let admitted = admit_one(device, link, &backend, &probe, &mut excluded).await?;
+            let view = ring.shared.view.clone();
+            let admitted = admit_one(device, link, &backend, &probe, &mut excluded, &view).await?;
             ring.excluded.extend(excluded);
+            let all = ring.excluded.clone();
+            ring.shared.view.update(|v| v.excluded = all);
             if let Some(m) = admitted {
                 added |= ring.add_member(m).await?;
             }

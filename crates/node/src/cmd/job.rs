@@ -72,4 +72,10 @@ pub(crate) struct Finished {
     /// Why Verify was asked for and could not run.
     pub(crate) verify_unavailable: Option<String>,
     pub(crate) decode_tokens_per_s: f64,
+    /// The median decode lap (from leaving the head to coming back), milliseconds.
+    pub(crate) lap_ms: f64,
+    /// One hop on the wire (half a heartbeat round trip), milliseconds, when measured.
+    pub(crate) hop_ms: Option<f64>,
+    /// Hops per lap (the stages of the ring).
+    pub(crate) hops: usize,
 }

@@ -19,9 +19,11 @@ pub(crate) mod job;
 pub(crate) mod join;
 pub(crate) mod mirror;
 pub(crate) mod options;
+pub(crate) mod page;
 pub(crate) mod run;
 pub(crate) mod score;
 pub(crate) mod tokenize;
+pub(crate) mod view;
 
 /// Asks for a token with a hidden prompt when stdin is a terminal; otherwise gives none, so the
 /// command fails saying a token is needed.

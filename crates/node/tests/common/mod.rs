@@ -42,3 +42,119 @@ pub(crate) fn layer_of(name: &str) -> Option<usize> {
         .or_else(|| name.strip_prefix("h."))?;
     rest.split('.').next()?.parse().ok()
 }
+
+/// Every process a test starts, killed when it ends however it ends.
+pub(crate) struct Procs(pub(crate) Vec<std::process::Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A head serving its API and page (stdin at `/dev/null`), its stderr readable line by line.
+pub(crate) struct Served {
+    pub(crate) procs: Procs,
+    lines: std::sync::mpsc::Receiver<String>,
+    pub(crate) seen: Vec<String>,
+    /// `http://127.0.0.1:PORT`.
+    pub(crate) base: String,
+    join_url: String,
+}
+
+impl Served {
+    /// `node head --model MODEL --listen 127.0.0.1:0 --backend cpu ARGS` with `env`.
+    pub(crate) fn start(model: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        use std::io::BufRead;
+        let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
+            .args(["head", "--model", model])
+            .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(head.stdout.take().unwrap());
+        let err = std::io::BufReader::new(head.stderr.take().unwrap());
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        let join_url = first
+            .trim()
+            .strip_prefix("join: ")
+            .unwrap_or_else(|| panic!("no join URL, got {first:?}"))
+            .to_string();
+        let base = join_url.split("/join").next().unwrap().to_string();
+        Self {
+            procs: Procs(vec![head]),
+            lines,
+            seen: Vec::new(),
+            base,
+            join_url,
+        }
+    }
+
+    /// Start a member named `name`, the join URL on its stdin.
+    pub(crate) fn join(&mut self, name: &str) {
+        use std::io::Write;
+        let mut member = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
+            .args(["join", "--backend", "cpu", "--name", name])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        writeln!(member.stdin.take().unwrap(), "{}", self.join_url).unwrap();
+        self.procs.0.push(member);
+    }
+
+    /// The next line of the head's stderr containing `pattern` (panics after 180 s).
+    pub(crate) fn wait_for(&mut self, pattern: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(pattern) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!(
+            "the head never printed {pattern:?}; it printed:\n{}",
+            self.seen.join("\n")
+        );
+    }
+
+    /// Everything the head printed until now (without waiting).
+    pub(crate) fn drain(&mut self) -> &[String] {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+        &self.seen
+    }
+}
+
+/// A tool a test needs: found, or `None` (skipped) — a failure under `CI=true`.
+pub(crate) fn tool<T>(found: Option<T>, what: &str) -> Option<T> {
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI=true and {what} is missing (`.ci/run` installs it)"
+        );
+        eprintln!("skipped: {what} is missing");
+    }
+    found
+}
