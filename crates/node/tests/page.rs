@@ -109,22 +109,22 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
         .iter()
         .map(|d| (d["name"].as_str().unwrap(), d["layers"].as_str().unwrap()))
         .collect();
-    assert_eq!(
-        layers,
-        [
-            ("head", "0..10"),
-            ("member-0", "10..20"),
-            ("member-1", "20..30")
-        ]
-    );
+    // Members take stages in the order they joined, which the two racing processes decide.
+    let mut by_layers = layers.clone();
+    by_layers.sort_by_key(|l| l.1.split("..").next().unwrap().parse::<usize>().unwrap());
+    let names: Vec<&str> = by_layers.iter().map(|l| l.0).collect();
+    let spans: Vec<&str> = by_layers.iter().map(|l| l.1).collect();
+    assert_eq!(spans, ["0..10", "10..20", "20..30"], "{layers:?}");
+    assert_eq!(names[0], "head");
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["head", "member-0", "member-1"]);
     for d in &devices[1..] {
         assert_eq!(d["ready"], true, "{d}");
         assert!(d["download"].as_str().unwrap().contains(", done"), "{d}");
     }
-    assert_eq!(
-        got["ring_nodes"],
-        serde_json::json!(["head", "member-0", "member-1"])
-    );
+    // The SVG draws them in ring order: head → stage 1 → stage 2.
+    assert_eq!(got["ring_nodes"], serde_json::json!(names));
     assert_eq!(got["verify_ticked"], true);
 
     // The answers: streamed in more than one update, verified, and `node run`'s text.
@@ -157,5 +157,151 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
     assert_eq!(got["page_errors"], serde_json::json!([]));
     for shot in got["screenshots"].as_array().unwrap() {
         assert!(std::fs::metadata(shot.as_str().unwrap()).unwrap().len() > 1000);
+    }
+}
+
+/// A gated repo (a real mirror that requires a token) behind `$HF_ENDPOINT`, holding the tiny
+/// GPT-2 of `fixtures/tiny/gpt2`; its URL.
+fn gated_mirror(dir: &std::path::Path, tokens: &[&str], procs: &mut common::Procs) -> String {
+    use std::io::BufRead;
+    let repo = dir.join("tiny-org/tiny-gpt2");
+    std::fs::create_dir_all(&repo).unwrap();
+    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["mirror", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .arg("--require-token")
+        .env("DAISY_MIRROR_TOKEN", tokens.join(","))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    procs.0.push(child);
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
+    let Some((modules, chromium)) = common::tool(
+        browser(),
+        "node with playwright-core (DAISY_NODE_MODULES) and chromium (CHROMIUM)",
+    ) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (head_token, token_0, token_1) = (
+        "hf_pageGivenHeadToken7",
+        "hf_memberZeroOwnToken1",
+        "hf_memberOneOwnToken22",
+    );
+    let mut mirror = common::Procs(Vec::new());
+    let url = gated_mirror(
+        &tmp.path().join("hub"),
+        &[head_token, token_0, token_1],
+        &mut mirror,
+    );
+    let cache = tmp.path().join("empty-cache");
+    let cache = cache.to_str().unwrap();
+    let env = [("HF_ENDPOINT", url.as_str()), ("HF_HUB_CACHE", cache)];
+    let mut head = Served::start("tiny-org/tiny-gpt2", &["--stages", "1,1,1"], &env);
+    let logs: Vec<PathBuf> = (0..2)
+        .map(|i| tmp.path().join(format!("member-{i}.log")))
+        .collect();
+    for (i, token) in [token_0, token_1].into_iter().enumerate() {
+        let log = std::fs::File::create(&logs[i]).unwrap();
+        head.join_with(
+            &format!("member-{i}"),
+            &[
+                ("HF_ENDPOINT", &url),
+                ("HF_HUB_CACHE", cache),
+                ("HF_TOKEN", token),
+            ],
+            log,
+        );
+    }
+    let asked = head.wait_for("give a Hugging Face token");
+    assert!(!asked.contains(head_token));
+
+    let shots = root().join("target/screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let prompt = "The tiny model says";
+    let out = Command::new("node")
+        .arg(root().join("crates/node/tests/page/token.cjs"))
+        .arg(&head.base)
+        .arg(&shots)
+        .arg(prompt)
+        .env("NODE_PATH", &modules)
+        .env("CHROMIUM", &chromium)
+        .env("PAGE_TOKEN", head_token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the browser test failed:\n{}\nthe head printed:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        head.drain().join("\n")
+    );
+    let got: Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert!(
+        got["asked"]
+            .as_str()
+            .unwrap()
+            .contains("tiny-org/tiny-gpt2"),
+        "{got}"
+    );
+    assert_eq!(got["input_type"], "password");
+    assert_eq!(got["input_after"], "");
+    assert!(
+        got["verify"].as_str().unwrap().starts_with("Verify: match"),
+        "{got}"
+    );
+    // The answer is the model's: `node run` on a copy of the same files.
+    let copy = tmp.path().join("hub/tiny-org/tiny-gpt2");
+    let run = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["run", "--model", copy.to_str().unwrap(), "--prompt", prompt])
+        .args(["--stages", "1,1,1", "--max-new-tokens", "8"])
+        .args(["--backend", "cpu", "--format", "json"])
+        .output()
+        .unwrap();
+    let run: Value =
+        serde_json::from_str(String::from_utf8_lossy(&run.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(got["answer"], run["text"]);
+    assert_eq!(got["held_after_forget"], false);
+    head.wait_for("the token was forgotten");
+
+    // The token is in no URL, cookie or storage entry of the browser, and no process's log.
+    let browser_side = serde_json::json!([
+        got["urls"],
+        got["cookies"],
+        got["document_cookie"],
+        got["storage"],
+        got["page_text"]
+    ])
+    .to_string();
+    assert!(
+        got["urls"].as_array().unwrap().len() > 3,
+        "the positive control: {got}"
+    );
+    assert!(
+        !browser_side.contains(head_token),
+        "the token in the browser: {browser_side}"
+    );
+    let head_log = head.drain().join("\n");
+    assert!(head_log.contains("a token was given on the page"));
+    assert!(!head_log.contains(head_token), "the head logged the token");
+    drop(head);
+    for log in &logs {
+        let text = std::fs::read_to_string(log).unwrap();
+        assert!(!text.contains(head_token), "a member saw the head's token");
     }
 }

@@ -43,11 +43,8 @@ const COMPLETIONS_MAX_TOKENS: usize = 16;
 pub(crate) struct Api {
     /// The model's id, as the user named it on the command line.
     pub(crate) model_id: String,
-    pub(crate) encoder: Arc<Encoder>,
-    /// The model's context: prompt and answer together.
-    pub(crate) context: usize,
-    /// Token ids are below this.
-    pub(crate) vocab_size: usize,
+    /// Set once the head has opened the model.
+    pub(crate) model: std::sync::OnceLock<ApiModel>,
     /// The forward path of a request that does not name one (the head's `--path`).
     pub(crate) path: ForwardPath,
     pub(crate) jobs: mpsc::Sender<Option<Job>>,
@@ -55,6 +52,15 @@ pub(crate) struct Api {
     pub(crate) ready: Arc<AtomicBool>,
     /// SHA-256 of the key `Authorization: Bearer` must carry, when one is set.
     pub(crate) key_sha256: Option<[u8; 32]>,
+}
+
+/// What the API knows of the opened model.
+pub(crate) struct ApiModel {
+    pub(crate) encoder: Arc<Encoder>,
+    /// The model's context: prompt and answer together.
+    pub(crate) context: usize,
+    /// Token ids are below this.
+    pub(crate) vocab_size: usize,
     /// The checkpoint's fingerprint, reported as `system_fingerprint`.
     pub(crate) fingerprint: String,
 }
@@ -592,6 +598,11 @@ async fn completions(State(api): State<Arc<Api>>, headers: HeaderMap, body: Body
 async fn respond(endpoint: Endpoint, api: Arc<Api>, headers: HeaderMap, body: Body) -> Response {
     match start(endpoint, &api, &headers, body).await {
         Ok((checked, prompt_tokens, rx)) => {
+            let fingerprint = api
+                .model
+                .get()
+                .map(|m| m.fingerprint.clone())
+                .unwrap_or_default();
             let reply = Reply {
                 endpoint,
                 id: reply_id(endpoint),
@@ -599,7 +610,7 @@ async fn respond(endpoint: Endpoint, api: Arc<Api>, headers: HeaderMap, body: Bo
                     .duration_since(UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs()),
                 model: api.model_id.clone(),
-                fingerprint: api.fingerprint.clone(),
+                fingerprint,
                 include_usage: checked.include_usage,
                 verify: checked.verify,
             };
@@ -622,12 +633,15 @@ async fn start(
 ) -> Result<(Checked, usize, mpsc::UnboundedReceiver<Streamed>), ApiError> {
     let body = read_body(headers, body).await?;
     let mut checked = check(endpoint, api, &body)?;
+    let Some(model) = api.model.get() else {
+        return Err(not_ready("The head is still opening its model."));
+    };
     let ids = match std::mem::replace(&mut checked.prompt, PromptOf::Ids(Vec::new())) {
         PromptOf::Ids(ids) => ids,
         PromptOf::Text(prompt) => {
             let encoded = {
-                let api = api.clone();
-                tokio::task::spawn_blocking(move || api.encoder.encode(&prompt)).await
+                let encoder = model.encoder.clone();
+                tokio::task::spawn_blocking(move || encoder.encode(&prompt)).await
             };
             match encoded {
                 Ok(Ok(ids)) => ids,
@@ -654,16 +668,16 @@ async fn start(
     if ids.is_empty() {
         return Err(ApiError::invalid("prompt", "The prompt has no tokens."));
     }
-    if let Some(id) = ids.iter().find(|&&id| id as usize >= api.vocab_size) {
+    if let Some(id) = ids.iter().find(|&&id| id as usize >= model.vocab_size) {
         return Err(ApiError::invalid(
             "prompt",
             format!(
                 "Token id {id} is not in the vocabulary ({} ids).",
-                api.vocab_size
+                model.vocab_size
             ),
         ));
     }
-    if ids.len() >= api.context {
+    if ids.len() >= model.context {
         return Err(ApiError {
             param: Some(if endpoint == Endpoint::Chat {
                 "messages"
@@ -677,23 +691,19 @@ async fn start(
                     "The prompt is {} tokens; this model's context is {} tokens, prompt and \
                      answer together.",
                     ids.len(),
-                    api.context
+                    model.context
                 ),
             )
         }
         .code("context_length_exceeded"));
     }
     // The answer fits in what the context leaves.
-    let room = api.context - ids.len();
+    let room = model.context - ids.len();
     checked.opts.max_new_tokens = checked.max_tokens.unwrap_or(room).min(room);
     if !api.ready.load(Ordering::SeqCst) {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
+        return Err(not_ready(
             "No ring is ready yet: the head is waiting for its members (or forming the ring).",
-        )
-        .code("ring_not_ready")
-        .retry_after(RETRY_AFTER_S));
+        ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = ids.len();
@@ -720,6 +730,13 @@ async fn start(
         )
         .code("ring_stopped")),
     }
+}
+
+/// 503 with `Retry-After`: no ring takes turns yet.
+fn not_ready(why: &str) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", why)
+        .code("ring_not_ready")
+        .retry_after(RETRY_AFTER_S)
 }
 
 fn reply_id(endpoint: Endpoint) -> String {

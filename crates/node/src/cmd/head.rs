@@ -39,10 +39,12 @@ use tokio::sync::{mpsc, oneshot};
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Sink, Streamed};
 use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
+use super::page::PageToken;
 use super::view::SharedView;
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
 use crate::signal::{HEAD, JoinUrl, Role, Secret, Signal, nonce};
+use daisy_loader::hub::HubClient;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -123,7 +125,7 @@ fn local_repo(folder: &Path) -> Result<RepoId> {
     Ok(RepoId::parse(&format!("local/{clean}"))?)
 }
 
-fn open_source(model: &str) -> Result<Source> {
+fn open_source(model: &str, hub: &Arc<HubClient>) -> Result<Source> {
     let path = Path::new(model);
     if path.is_file() {
         bail!(
@@ -145,7 +147,9 @@ fn open_source(model: &str) -> Result<Source> {
             folder: Some(path.to_path_buf()),
         });
     }
-    let opened = super::open(model)?;
+    let checkpoint = Checkpoint::open_with(model, Some(hub.clone()))
+        .with_context(|| format!("opening model {model}"))?;
+    let opened = Opened::new(checkpoint).with_context(|| format!("model {model}"))?;
     let repo = RepoId::parse(opened.checkpoint.repo_id())
         .with_context(|| format!("--model {model} is neither a folder nor a repo id"))?;
     let commit = Commit::parse(opened.checkpoint.commit())?;
@@ -455,7 +459,48 @@ pub(crate) fn run(mut args: Args) -> Result<()> {
         .with_context(|| format!("--secret-file {}", path.display()))?,
         None => Secret::random(),
     };
-    let source = open_source(&args.model)?;
+    // The head's own Hub requests take `HF_TOKEN`, else a token given on its page. The page is not
+    // served yet: a model that needs a token now is opened again once it is.
+    let view = SharedView::default();
+    let token = Arc::new(PageToken::new(view.clone()));
+    let hub = Arc::new(HubClient::from_env()?.with_token_provider(token.clone()));
+    let source = match open_source(&args.model, &hub) {
+        Ok(source) => Some(opened(&args, source)?),
+        Err(e) if needs_token(&e) => None,
+        Err(e) => return Err(e),
+    };
+    let chosen = super::backend(args.compute.backend)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let api_key = api_key.as_ref().map(Api::key_hash);
+    let head = Head {
+        args,
+        opts,
+        secret,
+        api_key,
+        view,
+        token,
+        hub,
+        chosen,
+    };
+    runtime.block_on(serve(head, source))
+}
+
+/// Whether opening failed for want of a Hugging Face token.
+fn needs_token(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<daisy_loader::Error>(),
+            Some(daisy_loader::Error::TokenNeeded { .. })
+        )
+    })
+}
+
+/// A model opened for the ring: `--stages` checked against it, and its own prompt encoder (built
+/// outside the runtime, as a repo's tokenizer files may be fetched here).
+fn opened(args: &Args, source: Source) -> Result<(Source, Arc<daisy_engine::Encoder>)> {
     let n_layers = source.opened.config().num_layers;
     if let Some(counts) = &args.stages {
         Plan::from_counts(counts, n_layers).with_context(|| format!("--stages {counts:?}"))?;
@@ -463,31 +508,39 @@ pub(crate) fn run(mut args: Args) -> Result<()> {
             bail!("--stages {counts:?}: a ring needs the head and at least one member");
         }
     }
-    let chosen = super::backend(args.compute.backend)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let api_key = api_key.as_ref().map(Api::key_hash);
-    // Outside the runtime: a repo's tokenizer files may be fetched (blocking HTTP) here.
     let encoder = Arc::new(source.opened.encoder()?);
-    runtime.block_on(serve(args, opts, secret, api_key, encoder, source, chosen))
+    Ok((source, encoder))
 }
 
-async fn serve(
+/// What `node head` starts its server with.
+struct Head {
     args: Args,
     opts: TurnOptions,
     secret: Secret,
     api_key: Option<[u8; 32]>,
-    encoder: Arc<daisy_engine::Encoder>,
-    source: Source,
+    view: SharedView,
+    token: Arc<PageToken>,
+    hub: Arc<HubClient>,
     chosen: daisy_engine::ChosenBackend,
-) -> Result<()> {
+}
+
+async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>) -> Result<()> {
+    let Head {
+        args,
+        opts,
+        secret,
+        api_key,
+        view,
+        token,
+        hub,
+        chosen,
+    } = head;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("could not listen on {}", args.listen))?;
     let shown = crate::net::reachable(listener.local_addr()?);
     let bind: IpAddr = shown.ip();
+    token.set_page(&format!("http://{shown}/"));
     let (joined_tx, mut joined_rx) = mpsc::channel(16);
     let shared = Arc::new(Shared {
         secret: secret.clone(),
@@ -501,35 +554,36 @@ async fn serve(
         next_link: AtomicU64::new(0),
         opening: AtomicU64::new(0),
         joined: joined_tx,
-        view: SharedView::default(),
+        view: view.clone(),
     });
-    shared.view.update(|v| {
+    view.update(|v| {
         v.model = args.model.clone();
-        v.state = "waiting for members".into();
+        v.state = "opening the model".into();
     });
     let (jobs_tx, mut jobs) = mpsc::channel(args.max_queued);
     let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let api = Arc::new(Api {
         model_id: args.model.clone(),
-        encoder: encoder.clone(),
-        context: source.opened.config().max_position_embeddings,
-        vocab_size: source.opened.config().vocab_size,
+        model: std::sync::OnceLock::new(),
         path: opts.path,
         jobs: jobs_tx.clone(),
         ready: ready.clone(),
         key_sha256: api_key,
-        fingerprint: format!(
-            "daisy-{}",
-            hex::encode(&source.opened.checkpoint.fingerprint()[..8])
-        ),
     });
     let mut app = Router::new()
         .route("/ring", get(ring_socket))
         .with_state(shared.clone())
-        .merge(super::page::router(shared.view.clone(), jobs_tx.clone()))
-        .merge(api::router(api));
+        .merge(super::page::router(
+            view.clone(),
+            jobs_tx.clone(),
+            token.clone(),
+            hub.clone(),
+        ))
+        .merge(api::router(api.clone()));
     let mut served = None;
-    if let Some(folder) = &source.folder {
+    if let Some((source, _)) = &source
+        && let Some(folder) = &source.folder
+    {
         let (routes, counter) = super::mirror::folder_router(source.repo.clone(), folder.clone());
         app = app.merge(routes);
         served = Some(counter);
@@ -546,14 +600,6 @@ async fn serve(
     debug_assert!(JoinUrl::parse(&join).is_ok());
     println!("join: {join}");
     std::io::stdout().flush()?;
-    eprintln!(
-        "head: serving {} ({}@{}) on http://{shown}; run `node join URL` on each device with the \
-         join URL above",
-        args.model,
-        source.repo,
-        &source.commit.as_str()[..12]
-    );
-
     eprintln!("head: the page is at http://{shown}/");
     eprintln!(
         "head: the OpenAI API is at http://{shown}/v1{}",
@@ -563,18 +609,59 @@ async fn serve(
             ""
         }
     );
-    let settings = Settings {
-        args: &args,
-        opts: &opts,
-        served,
-    };
-    let queue = Queue {
-        jobs: &mut jobs,
-        tx: jobs_tx,
-        ready: &ready,
-        encoder,
-    };
-    let result = drive(&settings, &shared, &mut joined_rx, queue, source, chosen).await;
+    let result = async {
+        let (source, encoder) = match source {
+            Some(opened) => opened,
+            None => {
+                // Asked for on the page now; the members may join meanwhile.
+                token.enable();
+                let model = args.model.clone();
+                let hub = hub.clone();
+                let source =
+                    tokio::task::spawn_blocking(move || open_source(&model, &hub)).await??;
+                let args = &args;
+                tokio::task::block_in_place(|| opened(args, source))?
+            }
+        };
+        api.model
+            .set(api::ApiModel {
+                encoder: encoder.clone(),
+                context: source.opened.config().max_position_embeddings,
+                vocab_size: source.opened.config().vocab_size,
+                fingerprint: format!(
+                    "daisy-{}",
+                    hex::encode(&source.opened.checkpoint.fingerprint()[..8])
+                ),
+            })
+            .map_err(|_| anyhow!("the model was opened twice"))?;
+        view.state("waiting for members");
+        eprintln!(
+            "head: serving {} ({}@{}) on http://{shown}; run `node join URL` on each device with \
+             the join URL above",
+            args.model,
+            source.repo,
+            &source.commit.as_str()[..12]
+        );
+        let settings = Settings {
+            args: &args,
+            opts: &opts,
+            served,
+        };
+        let queue = Queue {
+            jobs: &mut jobs,
+            tx: jobs_tx,
+            ready: &ready,
+            encoder,
+        };
+        drive(&settings, &shared, &mut joined_rx, queue, source, chosen).await
+    }
+    .await;
+    if let Err(e) = &result {
+        view.update(|v| {
+            v.state = "stopped".into();
+            v.error = Some(format!("{e:#}"));
+        });
+    }
     server.abort();
     result
 }

@@ -28,6 +28,10 @@ pub(crate) struct View {
     pub(crate) error: Option<String>,
     /// Milliseconds of one hop on the wire (half a heartbeat round trip), when measured.
     pub(crate) hop_ms: Option<f64>,
+    /// A Hugging Face token the head needs for its own requests (the page asks for it).
+    pub(crate) token_request: Option<super::page::TokenRequest>,
+    /// The head holds a token given on the page (never the token itself).
+    pub(crate) token_held: bool,
 }
 
 /// One device.

@@ -66,13 +66,15 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    /// `node head --model MODEL --listen 127.0.0.1:0 --backend cpu ARGS` with `env`.
+    /// `node head --model MODEL --listen 127.0.0.1:0 --backend cpu ARGS` with `env` (and without
+    /// `HF_TOKEN` unless `env` sets it).
     pub(crate) fn start(model: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
         let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["head", "--model", model])
             .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
             .args(args)
+            .env_remove("HF_TOKEN")
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -106,12 +108,23 @@ impl Served {
 
     /// Start a member named `name`, the join URL on its stdin.
     pub(crate) fn join(&mut self, name: &str) {
+        self.join_with(name, &[], std::process::Stdio::null());
+    }
+
+    /// [`Served::join`] with environment variables and where its stderr goes.
+    pub(crate) fn join_with(
+        &mut self,
+        name: &str,
+        env: &[(&str, &str)],
+        stderr: impl Into<std::process::Stdio>,
+    ) {
         use std::io::Write;
         let mut member = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["join", "--backend", "cpu", "--name", name])
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .spawn()
             .unwrap();
         writeln!(member.stdin.take().unwrap(), "{}", self.join_url).unwrap();
