@@ -143,7 +143,14 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
             turn["status"].as_str().unwrap().starts_with("done"),
             "{turn}"
         );
-        assert!(turn["chart"].as_u64().unwrap() > 0, "the latency picture");
+        // The latency picture: per decode lap, a bar per stage and one for the wire, named.
+        let wire = turn["wire_bars"].as_u64().unwrap();
+        assert!(wire > 1, "{turn}");
+        assert_eq!(turn["chart"].as_u64().unwrap(), 3 * wire, "{turn}");
+        let legend = turn["legend"].as_str().unwrap();
+        for name in ["head", "member-0", "member-1", "wire"] {
+            assert!(legend.contains(name), "{legend}");
+        }
     }
     // The mutation: the two questions' answers differ, so the comparison can fail.
     assert_ne!(got["turns"][0]["answer"], got["turns"][1]["answer"]);

@@ -13,7 +13,8 @@ use crate::message::{activation_hash, check_activation_body};
 use crate::{
     Activation, Assignment, Cancel, Commit, DeviceId, Error, ErrorReport, Fingerprint, GemmRate,
     Hash, Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan,
-    Positions, ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, Text, TurnStart,
+    Positions, ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, StageTimes, Text,
+    TimesRequest, TurnStart,
 };
 
 /// Encodes a message to its postcard bytes.
@@ -68,6 +69,15 @@ enum RawMessage {
     Turn(TurnStart),
     Hop(HopRecord),
     Links(LinkIds),
+    TimesRequest(TimesRequest),
+    StageTimes(RawStageTimes),
+}
+
+#[derive(Deserialize)]
+struct RawStageTimes {
+    turn: u64,
+    hop: usize,
+    compute_us: Vec<u32>,
 }
 
 #[derive(Deserialize)]
@@ -221,6 +231,10 @@ impl RawMessage {
             Self::Turn(t) => Message::Turn(t),
             Self::Hop(h) => Message::Hop(h),
             Self::Links(l) => Message::Links(l),
+            Self::TimesRequest(t) => Message::TimesRequest(t),
+            Self::StageTimes(t) => {
+                Message::StageTimes(StageTimes::new(t.turn, t.hop, t.compute_us)?)
+            }
         })
     }
 }

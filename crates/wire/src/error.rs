@@ -36,6 +36,8 @@ pub enum Error {
     Assignment { stage: usize, layers: Range<usize> },
     #[error("progress {fetched} of {total} bytes refused, expected fetched <= total")]
     Progress { fetched: u64, total: u64 },
+    #[error("stage times of {count} steps refused, at most {max}")]
+    Times { count: usize, max: usize },
     #[error("activation shape {rows}x{cols} does not match its {len} values")]
     Shape {
         rows: usize,

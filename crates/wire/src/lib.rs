@@ -22,7 +22,8 @@ pub use ids::{
     MAX_TEXT, ModelRef, RepoId, Revision, Text,
 };
 pub use message::{
-    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, LinkIds, Message,
-    PROTOCOL_VERSION, Placement, Positions, ProbeRequest, ProbeResult, Progress, Ready, TurnStart,
+    Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, LinkIds,
+    MAX_TIMED_STEPS, Message, PROTOCOL_VERSION, Placement, Positions, ProbeRequest, ProbeResult,
+    Progress, Ready, StageTimes, TimesRequest, TurnStart,
 };
 pub use plan::{Plan, StageSpan, Violation, Violations, validate_stages};

@@ -42,6 +42,10 @@ pub enum Message {
     Hop(HopRecord),
     /// The head names the links (by their signaling ids) a member receives from and sends on.
     Links(LinkIds),
+    /// The head asks a member for the compute time of each of its steps in a turn.
+    TimesRequest(TimesRequest),
+    /// A member's compute time of each step of a turn, in the order it ran them.
+    StageTimes(StageTimes),
 }
 
 impl Message {
@@ -72,6 +76,8 @@ impl Message {
             Self::Turn(_) => "turn",
             Self::Hop(_) => "hop",
             Self::Links(_) => "links",
+            Self::TimesRequest(_) => "times-request",
+            Self::StageTimes(_) => "stage-times",
         }
     }
 }
@@ -285,6 +291,53 @@ pub struct HopRecord {
 pub struct LinkIds {
     pub up: u64,
     pub down: u64,
+}
+
+/// The head asks for a member's step times of turn `turn` (after the turn).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimesRequest {
+    pub turn: u64,
+}
+
+/// The most steps one [`StageTimes`] reports.
+pub const MAX_TIMED_STEPS: usize = 16384;
+
+/// How long each step (one activation through its layers) of turn `turn` took on the member that
+/// is hop `hop`, in microseconds, in the order it ran them: the page's picture of compute vs wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StageTimes {
+    turn: u64,
+    hop: usize,
+    compute_us: Vec<u32>,
+}
+
+impl StageTimes {
+    /// Refused beyond [`MAX_TIMED_STEPS`] steps.
+    pub fn new(turn: u64, hop: usize, compute_us: Vec<u32>) -> Result<Self, Error> {
+        if compute_us.len() > MAX_TIMED_STEPS {
+            return Err(Error::Times {
+                count: compute_us.len(),
+                max: MAX_TIMED_STEPS,
+            });
+        }
+        Ok(Self {
+            turn,
+            hop,
+            compute_us,
+        })
+    }
+
+    pub fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    pub fn hop(&self) -> usize {
+        self.hop
+    }
+
+    pub fn compute_us(&self) -> &[u32] {
+        &self.compute_us
+    }
 }
 
 /// Token positions the rows of an activation stand for: `start..start + count`.

@@ -418,3 +418,26 @@ fn other_protocol_versions_and_bad_fields_are_refused() {
         decode(&b)
     );
 }
+
+#[test]
+fn stage_times_beyond_the_bound_are_refused() {
+    use daisy_wire::{MAX_TIMED_STEPS, StageTimes};
+    assert!(matches!(
+        StageTimes::new(1, 1, vec![0; MAX_TIMED_STEPS + 1]),
+        Err(Error::Times { .. })
+    ));
+    // Crafted bytes: variant 15, turn 1, hop 1, then MAX + 1 steps of 0 µs (one byte each).
+    let n = MAX_TIMED_STEPS + 1;
+    let mut b = vec![15, 1, 1];
+    let mut len = n as u64;
+    while len >= 0x80 {
+        b.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    b.push(len as u8);
+    b.extend(std::iter::repeat_n(0u8, n));
+    assert!(matches!(decode(&b), Err(Error::Times { count, .. }) if count == n));
+    // The positive control: the bound itself decodes.
+    let ok = Message::StageTimes(StageTimes::new(1, 1, vec![0; MAX_TIMED_STEPS]).unwrap());
+    assert_eq!(decode(&encode(&ok)).unwrap(), ok);
+}

@@ -3,7 +3,7 @@
 use daisy_wire::{
     Activation, Assignment, Cancel, Commit, DeviceId, ErrorReport, Fingerprint, GemmRate, Hash,
     Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
-    ProbeRequest, ProbeResult, Progress, Ready, RepoId, Text, TurnStart,
+    ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageTimes, Text, TimesRequest, TurnStart,
 };
 use proptest::prelude::*;
 
@@ -122,6 +122,14 @@ pub(crate) fn all() -> Vec<(&'static str, Message)> {
             }),
         ),
         ("links", Message::Links(LinkIds { up: 3, down: 4 })),
+        (
+            "times_request",
+            Message::TimesRequest(TimesRequest { turn: 7 }),
+        ),
+        (
+            "stage_times",
+            Message::StageTimes(StageTimes::new(7, 2, vec![1250, 980, 1010]).unwrap()),
+        ),
     ]
 }
 
@@ -283,5 +291,14 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
             })
         ),
         (any::<u64>(), any::<u64>()).prop_map(|(up, down)| Message::Links(LinkIds { up, down })),
+        any::<u64>().prop_map(|turn| Message::TimesRequest(TimesRequest { turn })),
+        (
+            any::<u64>(),
+            0usize..100,
+            proptest::collection::vec(any::<u32>(), 0..64)
+        )
+            .prop_map(|(turn, hop, us)| Message::StageTimes(
+                StageTimes::new(turn, hop, us).unwrap()
+            )),
     ]
 }

@@ -851,6 +851,7 @@ fn timings(done: &Finished) -> Value {
         "decode_lap_ms": done.lap_ms,
         "hop_ms": done.hop_ms,
         "hops": done.hops,
+        "picture": done.picture,
     })
 }
 

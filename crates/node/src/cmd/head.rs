@@ -37,7 +37,7 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use super::api::{self, Api};
-use super::job::{Finish, Finished, Job, Sink, Streamed};
+use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
 use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
 use super::page::PageToken;
 use super::view::SharedView;
@@ -687,6 +687,7 @@ enum Event {
     Ready(String, Fingerprint),
     Hop(String, HopRecord),
     Heartbeat(String, u64),
+    Times(String, daisy_wire::StageTimes),
     Down(String, String),
 }
 
@@ -696,12 +697,12 @@ enum Back {
     Down(String, String),
 }
 
-/// A completed attempt at a turn: the generation, every hop of its first lap, each lap's rows and
-/// milliseconds, and its turn number.
+/// A completed attempt at a turn: the generation, every hop of its first lap, each lap's rows,
+/// milliseconds around the ring and the head's milliseconds before it, and its turn number.
 type Attempt = (
     daisy_engine::Generated,
     Vec<daisy_engine::Hop>,
-    Vec<(usize, f64)>,
+    Vec<(usize, f64, f64)>,
     u64,
 );
 
@@ -757,6 +758,7 @@ fn watch(
                 Ok(Some(Message::Ready(r))) => Event::Ready(device.clone(), r.fingerprint),
                 Ok(Some(Message::Hop(h))) => Event::Hop(device.clone(), h),
                 Ok(Some(Message::Heartbeat(h))) => Event::Heartbeat(device.clone(), h.seq),
+                Ok(Some(Message::StageTimes(t))) => Event::Times(device.clone(), t),
                 Ok(Some(Message::Error(e))) => break format!("reported: {}", e.message.as_str()),
                 Ok(Some(other)) => {
                     eprintln!("head: {device} sent an unexpected {}", other.kind());
@@ -1008,7 +1010,7 @@ impl Ring<'_> {
                 Event::Down(device, why) if ready.contains_key(&device) => {
                     return Err(Failure::member(&device, why));
                 }
-                Event::Down(..) | Event::Hop(..) | Event::Heartbeat(..) => {}
+                Event::Down(..) | Event::Hop(..) | Event::Heartbeat(..) | Event::Times(..) => {}
             }
         }
         // Stale news of members no longer in the ring is not for the laps to come.
@@ -1128,6 +1130,58 @@ impl Ring<'_> {
         Ok(true)
     }
 
+    /// Where each decode lap of turn `turn` went: the head's compute, each member's (asked for
+    /// now: every member timed its steps), and the rest of the lap, the wire. A member that does not
+    /// answer within 5 s leaves its column empty.
+    async fn picture(&mut self, turn: u64, laps: &[(usize, f64, f64)]) -> Picture {
+        for m in &self.members {
+            let _ = control::send(
+                &m.control,
+                &Message::TimesRequest(daisy_wire::TimesRequest { turn }),
+            )
+            .await;
+        }
+        let mut steps: Vec<Option<Vec<u32>>> = vec![None; self.members.len()];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while steps.iter().any(Option::is_none) {
+            let Ok(Some(event)) = tokio::time::timeout_at(deadline, self.events.recv()).await
+            else {
+                break;
+            };
+            if let Event::Times(device, t) = event
+                && t.turn() == turn
+                && let Some(i) = self.members.iter().position(|m| m.device == device)
+            {
+                steps[i] = Some(t.compute_us().to_vec());
+            }
+        }
+        let mut picture = Picture {
+            stages: self.devices(),
+            compute_ms: Vec::new(),
+            wire_ms: Vec::new(),
+        };
+        // Every lap visits each member once, in order: a member's k-th step is lap k.
+        for (k, &(rows, lap, head)) in laps.iter().enumerate() {
+            if rows != 1 {
+                continue;
+            }
+            let members: Vec<Option<f64>> = steps
+                .iter()
+                .map(|s| {
+                    s.as_ref()
+                        .and_then(|s| s.get(k))
+                        .map(|&us| f64::from(us) / 1e3)
+                })
+                .collect();
+            let ring: f64 = members.iter().flatten().sum();
+            picture.wire_ms.push((lap - ring).max(0.0));
+            let mut row = vec![Some(head)];
+            row.extend(members);
+            picture.compute_ms.push(row);
+        }
+        picture
+    }
+
     /// When a lap stalls with every link up, the member whose heartbeat gets no answer is the one.
     async fn find_stalled(&mut self) -> Option<String> {
         let seq = self.next_turn;
@@ -1211,7 +1265,12 @@ impl Ring<'_> {
         let generated = tokio::task::block_in_place(|| {
             let mut stdout = std::io::stdout().lock();
             // A lap's return, checked; an earlier attempt's laps still on their way are skipped.
-            let mut wait_back = |header: LapHeader, t: Instant| -> daisy_engine::Result<Vec<f32>> {
+            // When the last lap came back: the head computes from then until it sends the next.
+            let last_back = std::cell::Cell::new(Instant::now());
+            let mut wait_back = |header: LapHeader,
+                                 t: Instant,
+                                 head_ms: f64|
+             -> daisy_engine::Result<Vec<f32>> {
                 let wait = if header.lap == 0 {
                     FIRST_LAP_TIMEOUT.max(timeout)
                 } else {
@@ -1233,7 +1292,8 @@ impl Ring<'_> {
                             if header.lap > 0 {
                                 slowest = slowest.max(took);
                             }
-                            lap_ms.push((header.rows, took.as_secs_f64() * 1e3));
+                            lap_ms.push((header.rows, took.as_secs_f64() * 1e3, head_ms));
+                            last_back.set(Instant::now());
                             return Ok(data);
                         }
                         // News of a device no longer in the ring is old news.
@@ -1252,7 +1312,7 @@ impl Ring<'_> {
                     }
                 }
             };
-            let mut outstanding: std::collections::VecDeque<(LapHeader, Instant)> =
+            let mut outstanding: std::collections::VecDeque<(LapHeader, Instant, f64)> =
                 std::collections::VecDeque::new();
             let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
                 let header = LapHeader {
@@ -1261,6 +1321,7 @@ impl Ring<'_> {
                     pos0: pass.pos0,
                     rows: pass.rows,
                 };
+                let head_ms = last_back.get().elapsed().as_secs_f64() * 1e3;
                 let mut sent = send(plan, head, header, 0, pass.hidden)?;
                 hops.extend(sent.hop.take());
                 let Some(to_ring) = to_ring else {
@@ -1269,22 +1330,22 @@ impl Ring<'_> {
                 };
                 // At most `in_flight` laps around the ring at once: the oldest comes back first.
                 while outstanding.len() >= in_flight {
-                    let (h, t) = outstanding.pop_front().expect("not empty");
-                    wait_back(h, t)?;
+                    let (h, t, ms) = outstanding.pop_front().expect("not empty");
+                    wait_back(h, t, ms)?;
                 }
                 if to_ring.blocking_send(sent.bytes).is_err() {
                     let device = first.clone().unwrap_or_default();
                     *culprit.borrow_mut() = Some((device, "the link to it closed".into()));
                     return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
                 }
-                outstanding.push_back((header, Instant::now()));
+                outstanding.push_back((header, Instant::now(), head_ms));
                 if !pass.wanted {
                     // A prefill chunk run for the stages' KV: the next one may leave now.
                     return Ok(Vec::new());
                 }
                 let mut data = Vec::new();
-                while let Some((h, t)) = outstanding.pop_front() {
-                    data = wait_back(h, t)?;
+                while let Some((h, t, ms)) = outstanding.pop_front() {
+                    data = wait_back(h, t, ms)?;
                 }
                 Ok(data)
             };
@@ -1467,7 +1528,7 @@ impl Ring<'_> {
         let t = generated.timings;
         // Decode laps carry one row; the prefill's chunks more (a one-token prompt's is counted too).
         let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0 == 1).map(|l| l.1).collect();
-        let stats = lap_stats(lap_ms.into_iter().map(|l| l.1).collect());
+        let stats = lap_stats(lap_ms.iter().map(|l| l.1).collect());
         let decode_stats = lap_stats(decode);
         // One hop on the wire, for the report (`--format json`) and a client's latency picture.
         let hop_stats = if stdout_json {
@@ -1478,6 +1539,11 @@ impl Ring<'_> {
             None
         };
         let hop_ms = hop_stats.as_ref().map(|h| h.p50_ms);
+        let picture = if matches!(job.sink, Sink::Client(_)) {
+            Some(self.picture(turn, &lap_ms).await)
+        } else {
+            None
+        };
         if hop_ms.is_some() {
             self.shared.view.update(|v| v.hop_ms = hop_ms);
         }
@@ -1566,6 +1632,7 @@ impl Ring<'_> {
                 lap_ms: decode_stats.p50_ms,
                 hop_ms,
                 hops: self.members.len() + 1,
+                picture,
             })));
             return Ok(());
         }

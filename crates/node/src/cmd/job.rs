@@ -78,4 +78,17 @@ pub(crate) struct Finished {
     pub(crate) hop_ms: Option<f64>,
     /// Hops per lap (the stages of the ring).
     pub(crate) hops: usize,
+    /// Where each decode lap's time went.
+    pub(crate) picture: Option<Picture>,
+}
+
+/// Each decode lap of a turn: every stage's compute and the wire's share, milliseconds.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Picture {
+    /// The stages, head first.
+    pub(crate) stages: Vec<String>,
+    /// Per decode lap, per stage (`None`: the member did not report).
+    pub(crate) compute_ms: Vec<Vec<Option<f64>>>,
+    /// Per decode lap: its time around the ring less the members' compute.
+    pub(crate) wire_ms: Vec<f64>,
 }

@@ -18,7 +18,7 @@ use daisy_loader::Checkpoint;
 use daisy_model::{Precision, Stage};
 use daisy_wire::{
     Assignment, DeviceId, ErrorReport, Fingerprint, GemmRate, Hello, HopRecord, Message,
-    PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, Text, TurnStart,
+    PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, StageTimes, Text, TurnStart,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -361,6 +361,7 @@ fn start_epoch(
     down: Link,
     hops: mpsc::Sender<HopRecord>,
     fail: mpsc::Sender<Failed>,
+    times: StepTimes,
 ) -> Result<Epoch> {
     let (input_tx, input_rx) = std::sync::mpsc::channel::<Input>();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(4);
@@ -368,7 +369,11 @@ fn start_epoch(
         .name(format!("stage-{index}"))
         .spawn({
             let fail = fail.clone();
-            move || compute(epoch, plan, index, stage, input_rx, out_tx, hops, fail)
+            move || {
+                compute(
+                    epoch, plan, index, stage, input_rx, out_tx, hops, fail, times,
+                )
+            }
         })?;
     let (up, down) = (Arc::new(up), Arc::new(down));
     let reader = {
@@ -480,6 +485,7 @@ async fn serve_ring(
     let mut expect: Option<daisy_wire::LinkIds> = None;
     let mut arrived: HashMap<u64, Link> = HashMap::new();
     let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
+    let times = StepTimes::default();
     let (fail_tx, mut fail_rx) = mpsc::channel::<Failed>(4);
     let outcome = loop {
         tokio::select! {
@@ -560,6 +566,11 @@ async fn serve_ring(
                     }
                 }
                 Ok(Some(Message::Cancel(_))) => {}
+                Ok(Some(Message::TimesRequest(r))) => {
+                    let (hop, us) = times.take(r.turn);
+                    let reply = StageTimes::new(r.turn, hop, us)?;
+                    control::send(control, &Message::StageTimes(reply)).await?;
+                }
                 Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
             Some((id, link)) = links.recv() => {
@@ -594,6 +605,7 @@ async fn serve_ring(
                 down,
                 hop_tx.clone(),
                 fail_tx.clone(),
+                times.clone(),
             )?);
         }
     };
@@ -694,6 +706,44 @@ fn load(
     Ok(stage)
 }
 
+/// Each step's compute time per turn (the last few turns), for the head's picture of a turn.
+#[derive(Clone, Default)]
+struct StepTimes(Arc<std::sync::Mutex<std::collections::VecDeque<TurnSteps>>>);
+
+/// A turn's number, this member's hop, and each step's microseconds.
+type TurnSteps = (u64, usize, Vec<u32>);
+
+impl StepTimes {
+    /// Turns whose times are kept.
+    const TURNS: usize = 4;
+
+    fn record(&self, turn: u64, hop: usize, took: std::time::Duration) {
+        let mut all = self.0.lock().expect("times lock");
+        if all.back().is_none_or(|t| t.0 != turn) {
+            if all.len() == Self::TURNS {
+                all.pop_front();
+            }
+            all.push_back((turn, hop, Vec::new()));
+        }
+        let steps = &mut all.back_mut().expect("pushed").2;
+        if steps.len() < daisy_wire::MAX_TIMED_STEPS {
+            steps.push(u32::try_from(took.as_micros()).unwrap_or(u32::MAX));
+        }
+    }
+
+    /// The hop and step times of `turn` (none when it ran no step here).
+    fn take(&self, turn: u64) -> (usize, Vec<u32>) {
+        let mut all = self.0.lock().expect("times lock");
+        match all.iter().position(|t| t.0 == turn) {
+            Some(i) => {
+                let (_, hop, us) = all.remove(i).expect("found");
+                (hop, us)
+            }
+            None => (0, Vec::new()),
+        }
+    }
+}
+
 /// The compute thread: every activation waits for its turn's start, then runs through this stage.
 #[allow(clippy::too_many_arguments)]
 fn compute(
@@ -705,12 +755,15 @@ fn compute(
     out: mpsc::Sender<Vec<u8>>,
     hops: mpsc::Sender<HopRecord>,
     fail: mpsc::Sender<Failed>,
+    times: StepTimes,
 ) {
     let mut member = Member::new(&plan, index, &stage);
     let mut turns: HashMap<u64, bool> = HashMap::new();
     let mut waiting: Vec<Vec<u8>> = Vec::new();
     let mut step = |bytes: &[u8], turn: u64, cached: bool| -> Result<()> {
+        let t0 = std::time::Instant::now();
         let sent = member.step(bytes, cached)?;
+        times.record(turn, index, t0.elapsed());
         if let Some(hop) = &sent.hop {
             let _ = hops.blocking_send(HopRecord {
                 turn,

@@ -90,9 +90,16 @@ async function main() {
         status: await page.textContent(turn(i) + " .status"),
         verify: await page.textContent(turn(i) + " .verify"),
         verify_class: await page.getAttribute(turn(i) + " .verify", "class"),
-        chart: (await page.$$(turn(i) + " .picture rect")).length,
+        chart: (await page.$$(turn(i) + " .picture rect.compute")).length,
+        wire_bars: (await page.$$(turn(i) + " .picture rect.wire")).length,
+        legend: await page.textContent(turn(i) + " .picture .legend"),
       });
     }
+    // The same page on a phone.
+    await page.setViewportSize({ width: 390, height: 844 });
+    const phone = path.join(shots, "page-phone.png");
+    await page.screenshot({ path: phone, fullPage: true });
+    out.screenshots.push(phone);
     out.updates = await page.evaluate(() => new Set(window.__updates.filter((u) => u.length > 0)).size);
     out.page_errors = errors;
   } finally {
