@@ -38,6 +38,25 @@ pub fn decode(bytes: &[u8]) -> Result<Message, Error> {
     raw.into_message()
 }
 
+/// The index of `Message::Activation` among the variants (postcard writes it first).
+const ACTIVATION_VARIANT: u32 = 7;
+
+/// The turn of an activation's bytes, read from their first two fields only, to route it before
+/// the full check: [`decode`] still checks everything when the activation is run. Refused when the
+/// bytes do not start as an activation.
+pub fn peek_activation_turn(bytes: &[u8]) -> Result<u64, Error> {
+    let ((variant, turn), _): ((u32, u64), &[u8]) =
+        postcard::take_from_bytes(bytes).map_err(|e| Error::Malformed {
+            reason: e.to_string(),
+        })?;
+    if variant != ACTIVATION_VARIANT {
+        return Err(Error::Malformed {
+            reason: format!("expected an activation, got message variant {variant}"),
+        });
+    }
+    Ok(turn)
+}
+
 /// [`decode`], then refuses a message that carries a model fingerprint other than `expected` (an
 /// activation, assignment or ready from a peer holding another model).
 pub fn decode_for(bytes: &[u8], expected: &Fingerprint) -> Result<Message, Error> {

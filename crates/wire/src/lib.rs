@@ -11,7 +11,7 @@ mod ids;
 mod message;
 mod plan;
 
-pub use codec::{decode, decode_for, encode};
+pub use codec::{decode, decode_for, encode, peek_activation_turn};
 pub use error::Error;
 pub use frame::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, FRAME_HEADER_BYTES, Frame, MAX_FRAME_BYTES,

@@ -441,3 +441,20 @@ fn stage_times_beyond_the_bound_are_refused() {
     let ok = Message::StageTimes(StageTimes::new(1, 1, vec![0; MAX_TIMED_STEPS]).unwrap());
     assert_eq!(decode(&encode(&ok)).unwrap(), ok);
 }
+
+#[test]
+fn an_activations_turn_is_read_from_its_first_fields_only() {
+    use daisy_wire::peek_activation_turn;
+    for m in samples::all() {
+        let bytes = encode(&m.1);
+        match &m.1 {
+            Message::Activation(a) => assert_eq!(peek_activation_turn(&bytes).unwrap(), a.turn()),
+            // The mutation: any other message is refused by name.
+            _ => assert!(matches!(
+                peek_activation_turn(&bytes),
+                Err(Error::Malformed { .. })
+            )),
+        }
+    }
+    assert!(peek_activation_turn(&[7]).is_err(), "a truncated header");
+}

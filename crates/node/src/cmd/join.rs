@@ -814,10 +814,8 @@ fn dispatch(
     }
 }
 
-/// The turn an activation's bytes belong to (the full check happens in the step).
+/// The turn an activation's bytes belong to, from its header alone (the full check, once, happens
+/// in the step).
 fn turn_of(bytes: &[u8]) -> Result<u64> {
-    match daisy_wire::decode(bytes)? {
-        Message::Activation(a) => Ok(a.turn()),
-        other => bail!("expected an activation on the ring, got {}", other.kind()),
-    }
+    daisy_wire::peek_activation_turn(bytes).context("on the ring")
 }
