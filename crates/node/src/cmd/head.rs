@@ -178,6 +178,36 @@ struct Shared {
     joined: mpsc::Sender<(String, Link)>,
     /// What the page shows.
     view: SharedView,
+    /// Recent refused joins (a wrong secret) per address, for the rate limit.
+    refusals: Mutex<HashMap<IpAddr, Vec<Instant>>>,
+}
+
+/// Wrong-secret joins from one address within [`REFUSAL_WINDOW`] before it is refused outright.
+const REFUSAL_LIMIT: usize = 10;
+const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+
+impl Shared {
+    /// Whether `ip` is over the limit of refused joins; logged once when it gets there.
+    fn rate_limited(&self, ip: IpAddr) -> bool {
+        let mut all = self.refusals.lock().expect("refusals lock");
+        let recent = all.entry(ip).or_default();
+        recent.retain(|t| t.elapsed() < REFUSAL_WINDOW);
+        recent.len() >= REFUSAL_LIMIT
+    }
+
+    /// Count a refused join from `ip`.
+    fn refused(&self, ip: IpAddr) {
+        let mut all = self.refusals.lock().expect("refusals lock");
+        let recent = all.entry(ip).or_default();
+        recent.push(Instant::now());
+        if recent.len() == REFUSAL_LIMIT {
+            eprintln!(
+                "head: {REFUSAL_LIMIT} joins with a wrong secret from {ip} within {}s; further \
+                 joins from it are refused without a challenge until it slows down",
+                REFUSAL_WINDOW.as_secs()
+            );
+        }
+    }
 }
 
 impl Shared {
@@ -327,6 +357,15 @@ async fn member_session(
     shared: Arc<Shared>,
     addr: SocketAddr,
 ) -> Result<()> {
+    if shared.rate_limited(addr.ip()) {
+        let r = Signal::Refused {
+            reason: "rate-limited: too many joins with a wrong secret from this address; wait a \
+                     minute"
+                .into(),
+        };
+        let _ = send_signal(&mut socket, &r).await;
+        return Ok(());
+    }
     let challenge = nonce();
     let hello = Signal::Challenge {
         nonce: hex::encode(challenge),
@@ -339,6 +378,7 @@ async fn member_session(
     let device = match first {
         Ok(Ok(Some(Signal::Auth { device, proof }))) => {
             if !shared.secret.check(&challenge, &device, &proof) {
+                shared.refused(addr.ip());
                 let r = refuse("wrong ring secret");
                 send_signal(&mut socket, &r).await?;
                 bail!("refused: wrong ring secret");
@@ -555,6 +595,7 @@ async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>)
         opening: AtomicU64::new(0),
         joined: joined_tx,
         view: view.clone(),
+        refusals: Mutex::new(HashMap::new()),
     });
     view.update(|v| {
         v.model = args.model.clone();
