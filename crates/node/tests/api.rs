@@ -12,7 +12,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::Served;
+use common::{Served, root, smollm2};
 
 const KEY: &str = "test-key-0123456789";
 const QUESTIONS: [&str; 3] = [
@@ -21,67 +21,16 @@ const QUESTIONS: [&str; 3] = [
     "Write a short poem about the sea.",
 ];
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-fn smollm2() -> String {
-    root()
-        .join("target/fixtures/SmolLM2-135M-Instruct")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// The Python with `openai`, or `None` (a failure under `CI=true`).
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("DAISY_PYTHON").map(PathBuf::from),
-        std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache/daisychain-infer/venv/bin/python")),
-    ];
-    let found = candidates.into_iter().flatten().find(|p| {
-        Command::new(p)
-            .args(["-c", "import openai"])
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    common::tool(found, "a Python with the `openai` package (DAISY_PYTHON)")
-}
-
 /// `node run` on one user message (or raw text), the same split: the oracle's report.
 fn oracle(prompt: &str, chat: bool, tokens: usize, extra: &[&str]) -> Value {
-    let model = smollm2();
-    let tokens = tokens.to_string();
-    let mut args = vec![
-        "run",
-        "--model",
-        &model,
-        "--prompt",
-        prompt,
-        "--stages",
-        "15,15",
-        "--max-new-tokens",
-        &tokens,
-        "--backend",
-        "cpu",
-        "--format",
-        "json",
-    ];
+    let (model, tokens) = (smollm2(), tokens.to_string());
+    let mut args = vec!["run", "--model", &model, "--prompt", prompt];
+    args.extend(["--stages", "15,15", "--max-new-tokens", &tokens]);
     if chat {
         args.push("--chat");
     }
     args.extend(extra);
-    let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(&args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "node run: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    common::node_json(&args)
 }
 
 fn text(v: &Value) -> &str {
@@ -127,10 +76,10 @@ fn assert_error(v: &Value, status: u64, what: &str) {
 
 #[test]
 fn the_openai_client_drives_a_two_process_ring() {
-    let Some(py) = python() else { return };
+    let Some(py) = common::python() else { return };
     let mut head = Served::start(
         &smollm2(),
-        &["--stages", "15,15", "--max-queued", "1"],
+        &["--stages", "15,15", "--max-queued", "2"],
         &[("DAISY_API_KEY", KEY)],
     );
     let base = head.base.clone();
@@ -206,15 +155,19 @@ fn the_openai_client_drives_a_two_process_ring() {
     assert_eq!(b["text"], oracle(q2, true, 16, &[])["text"]);
     assert_ne!(a["done"], b["done"]);
 
-    // While a stream owns the ring, one request waits (and completes once the stream's client goes
-    // away) and a third finds the queue (of one) full. A client that reads three tokens and goes
+    // While a stream owns the ring, two requests wait (and complete once the stream's client goes
+    // away) and a third finds the queue (of two) full. (Two, not one: two clients at once may both
+    // be queued before the ring takes the first.) A client that reads three tokens and goes
     // away stops its turn there (a token or so later: the one being written when it left).
     assert_error(&got["queue_full"], 429, "the queue is full");
     assert!(got["queue_full"]["headers"]["retry-after"].is_string());
     let read = got["cancelled_after_chunks"].as_u64().unwrap();
     assert_eq!(read, 3);
     let eight = oracle(q1, true, 8, &[]);
-    assert_eq!(got["after_queue"], eight["text"]);
+    assert_eq!(
+        got["after_queue"],
+        serde_json::json!([eight["text"], eight["text"]])
+    );
     assert_eq!(got["after_cancel"], eight["text"]);
     // The first stream went away too; the second's stop is the one counted.
     head.wait_for("the client went away; its turn stopped after");

@@ -2,8 +2,6 @@
 //! few, without a challenge: rate-limited), and the turn completes with `node run`'s text.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::process::Command;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
@@ -11,19 +9,10 @@ use tokio_tungstenite::tungstenite::Message;
 
 mod common;
 
-use common::Served;
+use common::{Served, smollm2};
 
 const ATTEMPTS: usize = 1000;
 const QUESTION: &str = "What is the capital of France?";
-
-fn smollm2() -> String {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../target/fixtures/SmolLM2-135M-Instruct"
-    ))
-    .to_string_lossy()
-    .into_owned()
-}
 
 /// A chat completion over a plain HTTP/1.1 connection: the reply's JSON body.
 fn complete(base: &str, tokens: usize) -> Value {
@@ -120,14 +109,18 @@ fn a_thousand_wrong_secrets_are_refused_and_rate_limited_while_a_turn_runs() {
 
     // The turn that ran through the flood is the quiet one's, and `node run`'s.
     let model = smollm2();
-    let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["run", "--model", &model, "--chat", "--prompt", QUESTION])
-        .args(["--stages", "15,15", "--max-new-tokens", "48"])
-        .args(["--backend", "cpu", "--format", "json"])
-        .output()
-        .unwrap();
-    let oracle: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let oracle = common::node_json(&[
+        "run",
+        "--model",
+        &model,
+        "--chat",
+        "--prompt",
+        QUESTION,
+        "--stages",
+        "15,15",
+        "--max-new-tokens",
+        "48",
+    ]);
     let text = |v: &Value| v["choices"][0]["message"]["content"].clone();
     assert_eq!(text(&flooded), oracle["text"]);
     assert_eq!(text(&quiet), oracle["text"]);

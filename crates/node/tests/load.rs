@@ -2,14 +2,13 @@
 //! (`tests/api/load_client.py`): every request is answered, in turn, with the text `node run` gives
 //! for the same messages (the independent oracle), and the head's peak RSS is reported.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 
 mod common;
 
-use common::Served;
+use common::{Served, root, smollm2};
 
 const CLIENTS: usize = 50;
 const QUESTIONS: [&str; 5] = [
@@ -20,48 +19,21 @@ const QUESTIONS: [&str; 5] = [
     "What colour is the sky?",
 ];
 
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-fn smollm2() -> String {
-    root()
-        .join("target/fixtures/SmolLM2-135M-Instruct")
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("DAISY_PYTHON").map(PathBuf::from),
-        std::env::var_os("HOME")
-            .map(|h| PathBuf::from(h).join(".cache/daisychain-infer/venv/bin/python")),
-    ];
-    let found = candidates.into_iter().flatten().find(|p| {
-        Command::new(p)
-            .args(["-c", "import openai"])
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    common::tool(found, "a Python with the `openai` package (DAISY_PYTHON)")
-}
-
 /// The text `node run` gives for one user message, 8 tokens, the same split.
 fn oracle(question: &str) -> String {
     let model = smollm2();
-    let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["run", "--model", &model, "--chat", "--prompt", question])
-        .args(["--stages", "15,15", "--max-new-tokens", "8"])
-        .args(["--backend", "cpu", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    let v = common::node_json(&[
+        "run",
+        "--model",
+        &model,
+        "--chat",
+        "--prompt",
+        question,
+        "--stages",
+        "15,15",
+        "--max-new-tokens",
+        "8",
+    ]);
     v["text"].as_str().unwrap().to_string()
 }
 
@@ -79,7 +51,7 @@ fn peak_rss(pid: u32) -> u64 {
 
 #[test]
 fn fifty_clients_at_once_are_all_answered_correctly() {
-    let Some(py) = python() else { return };
+    let Some(py) = common::python() else { return };
     let queued = (CLIENTS + 5).to_string();
     let mut head = Served::start(
         &smollm2(),

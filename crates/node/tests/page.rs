@@ -14,24 +14,13 @@ use serde_json::Value;
 
 mod common;
 
-use common::Served;
+use common::{Served, root, smollm2};
 
 const QUESTIONS: [&str; 2] = [
     "What are the three primary colors?",
     "Name a large animal that lives in the sea.",
 ];
 const MAX_TOKENS: usize = 48;
-
-fn root() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
-
-fn smollm2() -> String {
-    root()
-        .join("target/fixtures/SmolLM2-135M-Instruct")
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// `node` with playwright-core reachable, and a Chromium.
 fn browser() -> Option<(PathBuf, String)> {
@@ -52,21 +41,19 @@ fn browser() -> Option<(PathBuf, String)> {
 }
 
 fn oracle(question: &str) -> Value {
-    let model = smollm2();
-    let tokens = MAX_TOKENS.to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["run", "--model", &model, "--chat", "--prompt", question])
-        .args(["--stages", "10,10,10", "--max-new-tokens", &tokens])
-        .args(["--backend", "cpu", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    let (model, tokens) = (smollm2(), MAX_TOKENS.to_string());
+    common::node_json(&[
+        "run",
+        "--model",
+        &model,
+        "--chat",
+        "--prompt",
+        question,
+        "--stages",
+        "10,10,10",
+        "--max-new-tokens",
+        &tokens,
+    ])
 }
 
 #[test]
@@ -274,14 +261,17 @@ fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
     );
     // The answer is the model's: `node run` on a copy of the same files.
     let copy = tmp.path().join("hub/tiny-org/tiny-gpt2");
-    let run = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["run", "--model", copy.to_str().unwrap(), "--prompt", prompt])
-        .args(["--stages", "1,1,1", "--max-new-tokens", "8"])
-        .args(["--backend", "cpu", "--format", "json"])
-        .output()
-        .unwrap();
-    let run: Value =
-        serde_json::from_str(String::from_utf8_lossy(&run.stdout).lines().last().unwrap()).unwrap();
+    let run = common::node_json(&[
+        "run",
+        "--model",
+        copy.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--stages",
+        "1,1,1",
+        "--max-new-tokens",
+        "8",
+    ]);
     assert_eq!(got["answer"], run["text"]);
     assert_eq!(got["held_after_forget"], false);
     head.wait_for("the token was forgotten");

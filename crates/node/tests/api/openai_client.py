@@ -162,7 +162,7 @@ def post(body, raw=None):
 body = {"model": model, "messages": user(q0), "temperature": 0, "max_tokens": 200, "stream": True}
 conn, r = post(body)
 read = 0
-waiter, waiting = None, {}
+waiters, waiting = [], {}
 while read < 3:
     line = r.readline().decode()
     if not line:
@@ -170,25 +170,26 @@ while read < 3:
     if line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
         read += 1
         if read == 1:
-            # The ring is busy with this turn: one more may wait, a third is refused.
-            def queued():
-                t0 = time.monotonic()
+            # The ring is busy with this turn: two more may wait (--max-queued 2), a third is
+            # refused.
+            def queued(n):
                 res = client.chat.completions.create(
                     model=model, messages=user(q1), temperature=0, max_tokens=8
                 )
-                waiting["text"] = res.choices[0].message.content
-                waiting["s"] = time.monotonic() - t0
+                waiting[n] = res.choices[0].message.content
 
-            waiter = threading.Thread(target=queued)
-            waiter.start()
+            waiters = [threading.Thread(target=queued, args=(n,)) for n in range(2)]
+            for w in waiters:
+                w.start()
             time.sleep(1.0)
             out["queue_full"] = error_of(
                 lambda: client.chat.completions.create(model=model, messages=user("hi"), max_tokens=2)
             )
 r.close()
 conn.close()
-waiter.join()
-out["after_queue"] = waiting["text"]
+for w in waiters:
+    w.join()
+out["after_queue"] = [waiting.get(n) for n in range(2)]
 
 # A client that reads three tokens and goes away: its turn stops there, and the next one runs.
 conn, r = post(body)

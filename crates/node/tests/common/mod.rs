@@ -171,3 +171,51 @@ pub(crate) fn tool<T>(found: Option<T>, what: &str) -> Option<T> {
     }
     found
 }
+
+/// The Python with the official `openai` package: `DAISY_PYTHON`, else the venv `.ci/run` makes;
+/// `None` (a failure under `CI=true`) without one.
+pub(crate) fn python() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let candidates = [
+        std::env::var_os("DAISY_PYTHON").map(PathBuf::from),
+        std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".cache/daisychain-infer/venv/bin/python")),
+    ];
+    let found = candidates.into_iter().flatten().find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    tool(found, "a Python with the `openai` package (DAISY_PYTHON)")
+}
+
+/// The workspace's root.
+pub(crate) fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The SmolLM2 fixture folder (`cargo xtask fixtures`), as a command-line argument.
+pub(crate) fn smollm2() -> String {
+    root()
+        .join("target/fixtures/SmolLM2-135M-Instruct")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `node ARGS --backend cpu --format json` (a `run`, the oracle of the ring tests): its report,
+/// the last line of stdout.
+pub(crate) fn node_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(args)
+        .args(["--backend", "cpu", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "node {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON on the last line")
+}
