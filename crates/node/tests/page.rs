@@ -56,29 +56,20 @@ fn oracle(question: &str) -> Value {
     ])
 }
 
-#[test]
-fn the_page_draws_the_ring_and_streams_a_verified_answer() {
-    let Some((modules, chromium)) = common::tool(
-        browser(),
-        "node with playwright-core (DAISY_NODE_MODULES) and chromium (CHROMIUM)",
-    ) else {
-        return;
-    };
-    let mut head = Served::start(&smollm2(), &["--stages", "10,10,10"], &[]);
-    head.join("member-0");
-    head.join("member-1");
-    head.wait_for("ready; serving until stopped");
-
+/// Run the browser script `script` (in `tests/page/`) against `head` with `args` (after the base
+/// URL and the screenshot folder) and `env`: what it printed, as JSON.
+fn drive_browser(head: &mut Served, script: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let (modules, chromium) = browser().expect("checked by the test");
     let shots = root().join("target/screenshots");
     std::fs::create_dir_all(&shots).unwrap();
     let out = Command::new("node")
-        .arg(root().join("crates/node/tests/page/page.cjs"))
+        .arg(root().join("crates/node/tests/page").join(script))
         .arg(&head.base)
         .arg(&shots)
-        .args(QUESTIONS)
-        .arg(MAX_TOKENS.to_string())
+        .args(args)
         .env("NODE_PATH", &modules)
         .env("CHROMIUM", &chromium)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -87,8 +78,31 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
         String::from_utf8_lossy(&out.stderr),
         head.drain().join("\n")
     );
-    let got: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn the_page_draws_the_ring_and_streams_a_verified_answer() {
+    if common::tool(
+        browser(),
+        "node with playwright-core (DAISY_NODE_MODULES) and chromium (CHROMIUM)",
+    )
+    .is_none()
+    {
+        return;
+    }
+    let mut head = Served::start(&smollm2(), &["--stages", "10,10,10"], &[]);
+    head.join("member-0");
+    head.join("member-1");
+    head.wait_for("ready; serving until stopped");
+
+    let tokens = MAX_TOKENS.to_string();
+    let got = drive_browser(
+        &mut head,
+        "page.cjs",
+        &[QUESTIONS[0], QUESTIONS[1], &tokens],
+        &[],
+    );
 
     // The ring: the head and both members, each with its layers; the members' downloads done.
     let devices = got["devices"].as_array().unwrap();
@@ -154,43 +168,16 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
     }
 }
 
-/// A gated repo (a real mirror that requires a token) behind `$HF_ENDPOINT`, holding the tiny
-/// GPT-2 of `fixtures/tiny/gpt2`; its URL.
-fn gated_mirror(dir: &std::path::Path, tokens: &[&str], procs: &mut common::Procs) -> String {
-    use std::io::BufRead;
-    let repo = dir.join("tiny-org/tiny-gpt2");
-    std::fs::create_dir_all(&repo).unwrap();
-    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
-    }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args(["mirror", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .arg("--require-token")
-        .env("DAISY_MIRROR_TOKEN", tokens.join(","))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    procs.0.push(child);
-    line.trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string()
-}
-
 #[test]
 fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
-    let Some((modules, chromium)) = common::tool(
+    if common::tool(
         browser(),
         "node with playwright-core (DAISY_NODE_MODULES) and chromium (CHROMIUM)",
-    ) else {
+    )
+    .is_none()
+    {
         return;
-    };
+    }
     let tmp = tempfile::tempdir().unwrap();
     let (head_token, token_0, token_1) = (
         "hf_pageGivenHeadToken7",
@@ -198,7 +185,7 @@ fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
         "hf_memberOneOwnToken22",
     );
     let mut mirror = common::Procs(Vec::new());
-    let url = gated_mirror(
+    let url = common::gated_mirror(
         &tmp.path().join("hub"),
         &[head_token, token_0, token_1],
         &mut mirror,
@@ -225,27 +212,13 @@ fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
     let asked = head.wait_for("give a Hugging Face token");
     assert!(!asked.contains(head_token));
 
-    let shots = root().join("target/screenshots");
-    std::fs::create_dir_all(&shots).unwrap();
     let prompt = "The tiny model says";
-    let out = Command::new("node")
-        .arg(root().join("crates/node/tests/page/token.cjs"))
-        .arg(&head.base)
-        .arg(&shots)
-        .arg(prompt)
-        .env("NODE_PATH", &modules)
-        .env("CHROMIUM", &chromium)
-        .env("PAGE_TOKEN", head_token)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the browser test failed:\n{}\nthe head printed:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        head.drain().join("\n")
+    let got = drive_browser(
+        &mut head,
+        "token.cjs",
+        &[prompt],
+        &[("PAGE_TOKEN", head_token)],
     );
-    let got: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
     assert!(
         got["asked"]
             .as_str()

@@ -11,6 +11,8 @@ use serde_json::Value;
 
 mod common;
 
+use common::Procs;
+
 fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
@@ -33,18 +35,6 @@ fn node(args: &[&str]) -> Output {
 
 fn last_json(stdout: &str) -> Value {
     serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON on the last line")
-}
-
-/// Every process a test starts, killed when the test ends however it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// What a ring run left: the head's stdout and stderr, each member's stderr, and exit codes.
@@ -672,37 +662,6 @@ fn test_hooks() -> bool {
 }
 
 /// `node mirror` serving the tiny GPT-2 as the gated repo `tiny-org/tiny-gpt2`, accepting `tokens`.
-fn gated_mirror(dir: &Path, tokens: &[&str], procs: &mut Procs) -> String {
-    let repo = dir.join("tiny-org/tiny-gpt2");
-    std::fs::create_dir_all(&repo).unwrap();
-    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
-    }
-    let mut child = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args([
-            "mirror",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--require-token",
-        ])
-        .env("DAISY_MIRROR_TOKEN", tokens.join(","))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    procs.0.push(child);
-    line.trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_string()
-}
-
 #[test]
 fn a_members_token_reaches_no_other_process_and_no_frame_the_head_sent() {
     if !test_hooks() {
@@ -715,7 +674,7 @@ fn a_members_token_reaches_no_other_process_and_no_frame_the_head_sent() {
         "hf_memberOneToken001",
     );
     let mut mirror = Procs(Vec::new());
-    let url = gated_mirror(
+    let url = common::gated_mirror(
         &tmp.path().join("hub"),
         &[head_token, token_0, token_1],
         &mut mirror,

@@ -219,3 +219,32 @@ pub(crate) fn node_json(args: &[&str]) -> serde_json::Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(stdout.lines().last().expect("a line")).expect("JSON on the last line")
 }
+
+/// A gated repo (a real mirror that requires a token) behind `$HF_ENDPOINT`, holding the tiny
+/// GPT-2 of `fixtures/tiny/gpt2`; its URL.
+pub(crate) fn gated_mirror(dir: &std::path::Path, tokens: &[&str], procs: &mut Procs) -> String {
+    use std::io::BufRead;
+    let repo = dir.join("tiny-org/tiny-gpt2");
+    std::fs::create_dir_all(&repo).unwrap();
+    for entry in std::fs::read_dir(root().join("fixtures/tiny/gpt2")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), repo.join(entry.file_name())).unwrap();
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["mirror", dir.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .arg("--require-token")
+        .env("DAISY_MIRROR_TOKEN", tokens.join(","))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    procs.0.push(child);
+    line.trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string()
+}
