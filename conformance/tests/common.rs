@@ -15,6 +15,9 @@ pub(crate) struct Run {
     pub(crate) ids: Vec<u32>,
     pub(crate) hops: Vec<Hop>,
     pub(crate) first_logits: Vec<f32>,
+    /// Lookahead's drafted tokens, and how many were kept.
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
 }
 
 pub(crate) fn options(new_tokens: usize, path: ForwardPath, sampling: Sampling) -> GenerateOptions {
@@ -24,6 +27,7 @@ pub(crate) fn options(new_tokens: usize, path: ForwardPath, sampling: Sampling) 
         ignore_eos: true,
         sampling,
         path,
+        lookahead: 0,
     }
 }
 
@@ -40,6 +44,8 @@ pub(crate) fn run_stages(
         ids: generation.ids,
         hops: ring.hops,
         first_logits: generation.first_logits,
+        drafted: generation.drafted,
+        accepted: generation.accepted,
     })
 }
 

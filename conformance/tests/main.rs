@@ -3,12 +3,15 @@
 //! - `tokenizer`: `daisy-tokenizer` against Hugging Face `tokenizers`.
 //! - `f32_goldens`: the f32 reference against the `transformers` goldens of every tiny model.
 //! - `splits`: any split gives the same ids and bit-identical hidden states at every hop.
+//! - `lookahead`: drafts scored with the next token are split-invariant on both paths, greedy and
+//!   seeded, with their mutation case.
 //! - `mutations`: a stage that drops a layer, stages out of order and a stage from another model
 //!   must each fail.
 
 mod common;
 mod f32_goldens;
 mod int8;
+mod lookahead;
 mod mutations;
 mod splits;
 mod tokenizer;

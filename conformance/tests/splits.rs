@@ -11,7 +11,7 @@ use daisy_model::{ForwardPath, Precision, Sampling};
 use crate::common::{Run, options, per_layer, run_split, same_run};
 
 /// Splits every tiny model is run through (layer counts, head first), by layer count.
-fn tiny_splits(n: usize) -> Vec<Vec<usize>> {
+pub(crate) fn tiny_splits(n: usize) -> Vec<Vec<usize>> {
     match n {
         3 => vec![
             vec![3],

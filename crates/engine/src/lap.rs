@@ -146,7 +146,8 @@ impl<'a> Member<'a> {
     }
 
     /// Take one activation's bytes, run this stage's layers on it, and send the result on. On the
-    /// cached path the stage continues its own KV cache (a lap at position 0 starts a new one).
+    /// cached path the stage continues its own KV cache (a lap at position 0 starts a new one; a lap
+    /// at a position the cache has passed first drops the keys from there on).
     pub fn step(&mut self, bytes: &[u8], cached: bool) -> Result<Sent> {
         let i = self.index;
         let act = receive(self.plan, self.stage, Next::Stage(i), bytes)
@@ -160,8 +161,14 @@ impl<'a> Member<'a> {
         let hop = act.hop();
         let mut data = act.into_data();
         let cache = if cached {
-            if header.pos0 == 0 || self.cache.is_none() {
-                self.cache = Some(self.stage.new_cache());
+            match self.cache.as_mut() {
+                Some(c) if header.pos0 > 0 => {
+                    // A lap behind the cache's end drops what follows it (rejected drafts).
+                    if header.pos0 < c.len() {
+                        c.truncate(header.pos0);
+                    }
+                }
+                _ => self.cache = Some(self.stage.new_cache()),
             }
             self.cache.as_mut()
         } else {

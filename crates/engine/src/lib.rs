@@ -23,8 +23,9 @@ pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{check_stages, load_stage, load_stages};
 pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{
-    BackendReport, Difference, Generated, HopReport, PathChoice, SplitRun, Timings, TokenEvent,
-    TurnOptions, TurnReport, VerifyReport, generate_turn, peak_rss_bytes, plan_ranges, verify,
+    BackendReport, Difference, Generated, HopReport, LOOKAHEAD_DRAFTS, PathChoice, SplitRun,
+    Timings, TokenEvent, TurnOptions, TurnReport, VerifyReport, generate_turn, peak_rss_bytes,
+    plan_ranges, verify,
 };
 
 pub use daisy_model::{ForwardPath, Precision, Sampling};

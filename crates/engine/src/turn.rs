@@ -53,7 +53,12 @@ pub struct TurnOptions {
     pub path: ForwardPath,
     /// Keep the completion inside one JSON object or array (the JSON mask).
     pub json_output: bool,
+    /// Lookahead: at most this many drafted tokens scored with each next token (0 is off).
+    pub lookahead: usize,
 }
+
+/// How many drafts `--lookahead on` scores with each next token.
+pub const LOOKAHEAD_DRAFTS: usize = 8;
 
 impl TurnOptions {
     /// Refused when the temperature is negative or not finite, or `top_p` is not in (0, 1].
@@ -80,6 +85,7 @@ impl TurnOptions {
             ignore_eos: self.ignore_eos,
             sampling: self.sampling,
             path: self.path,
+            lookahead: self.lookahead,
         }
     }
 }
@@ -405,6 +411,9 @@ pub struct TurnReport {
     pub path: &'static str,
     pub hops: Vec<HopReport>,
     pub laps: usize,
+    /// Lookahead: tokens drafted, and how many of them the model chose.
+    pub drafted: usize,
+    pub accepted: usize,
     pub cancelled: bool,
     pub verify: Option<VerifyReport>,
     pub json_complete: Option<bool>,
@@ -443,6 +452,8 @@ impl TurnReport {
             path: path.name(),
             hops: HopReport::list(hops),
             laps: generated.generation.laps,
+            drafted: generated.generation.drafted,
+            accepted: generated.generation.accepted,
             cancelled: generated.generation.cancelled,
             verify,
             json_complete: generated.json_complete,

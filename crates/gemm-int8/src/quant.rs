@@ -79,6 +79,16 @@ impl Quantized {
         Ok(())
     }
 
+    /// Keep the first `rows` rows (each row's scale is its own, so the rest is unchanged); no-op when
+    /// there are fewer.
+    pub fn truncate(&mut self, rows: usize) {
+        if rows < self.rows {
+            self.q.truncate(rows * self.k);
+            self.scales.truncate(rows);
+            self.rows = rows;
+        }
+    }
+
     /// Rows whose invariants the caller already holds (unpacked from a `PackedWeights`).
     pub(crate) fn from_raw(rows: usize, k: usize, q: Vec<i8>, scales: Vec<f32>) -> Self {
         Self { rows, k, q, scales }

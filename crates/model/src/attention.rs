@@ -29,6 +29,35 @@ pub(crate) struct LayerCache {
     len: usize,
 }
 
+impl LayerCache {
+    /// Positions held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Keep the keys and values of the first `len` positions (rejected lookahead drafts, or the end
+    /// of an earlier turn that a new one does not share).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let hd = match (self.k.first(), self.len) {
+            (Some(k), n) if n > 0 => k.len() / n,
+            _ => 0,
+        };
+        for k in &mut self.k {
+            k.truncate(len * hd);
+        }
+        for v in &mut self.v {
+            v.truncate(len * hd);
+        }
+        for q in &mut self.kq {
+            q.truncate(len);
+        }
+        self.len = len;
+    }
+}
+
 /// Softmax rows below this many elements in one call stay on the calling thread.
 const PARALLEL_SOFTMAX: usize = 1 << 15;
 

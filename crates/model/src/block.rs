@@ -331,3 +331,23 @@ impl Gpt2Block {
 pub struct StageCache {
     pub(crate) layers: Vec<LayerCache>,
 }
+
+impl StageCache {
+    /// Positions held (every layer holds the same).
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keep the first `len` positions of every layer; the rows of a GEMM's keys and values are
+    /// independent, so what is kept is exactly what those positions' passes wrote.
+    pub fn truncate(&mut self, len: usize) {
+        for l in &mut self.layers {
+            l.truncate(len);
+        }
+    }
+}

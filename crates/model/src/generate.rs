@@ -54,6 +54,9 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     pub sampling: Sampling,
     pub path: ForwardPath,
+    /// Lookahead (prompt lookup): at most this many drafted tokens scored with each next token
+    /// (0 is off; see [`drafts`]).
+    pub lookahead: usize,
 }
 
 /// A finished turn.
@@ -69,6 +72,41 @@ pub struct Generation {
     pub margins: Vec<f32>,
     /// The logits of the first generated step.
     pub first_logits: Vec<f32>,
+    /// Lookahead: drafted tokens sent with a next token, and how many of them the model chose.
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+/// The longest and shortest context suffix lookahead looks up. One token alone is not looked up:
+/// on plain chat text such drafts were rejected 278 times in 283 and cost a 9-row pass each.
+const DRAFT_MAX_NGRAM: usize = 3;
+const DRAFT_MIN_NGRAM: usize = 2;
+
+/// Lookahead's drafts after `ids` (DESIGN §3 Paths): for n = 3, then 2, when the last n ids occurred
+/// earlier, the `k` ids that followed their latest earlier occurrence, read on through the drafts
+/// themselves where they pass the end of `ids` (so a repeating pattern drafts its next `k`); none
+/// when no such n-gram repeats.
+pub fn drafts(ids: &[u32], k: usize) -> Vec<u32> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let len = ids.len();
+    for n in (DRAFT_MIN_NGRAM..=DRAFT_MAX_NGRAM).rev() {
+        if len <= n {
+            continue;
+        }
+        let suffix = &ids[len - n..];
+        if let Some(i) = (0..len - n).rev().find(|&i| &ids[i..i + n] == suffix) {
+            let from = i + n;
+            let mut out: Vec<u32> = Vec::with_capacity(k);
+            for j in 0..k {
+                let at = from + j;
+                out.push(if at < len { ids[at] } else { out[at - len] });
+            }
+            return out;
+        }
+    }
+    Vec::new()
 }
 
 /// Run one turn from the head. `lap` carries each pass through the other stages and back.
@@ -83,11 +121,53 @@ pub fn generate<E: From<Error>>(
     })
 }
 
+/// The next token from one row of logits at sequence position `position`, under the JSON mask
+/// when there is one (the mask then accepts it).
+fn choose(
+    logits: &[f32],
+    sampling: Sampling,
+    position: usize,
+    generated: usize,
+    mask: Option<&mut JsonMask>,
+) -> Result<u32> {
+    let Some(m) = mask else {
+        return Ok(pick(logits, sampling, position));
+    };
+    let allowed: Vec<u32> = top_k(logits, JSON_TOP_K)
+        .into_iter()
+        .filter(|&id| m.allows(id))
+        .collect();
+    let Some(&best) = allowed.first() else {
+        return Err(Error::Invalid(format!(
+            "JSON output: none of the {JSON_TOP_K} most likely tokens continues a JSON \
+             object or array at generated token {} (ask for JSON in the prompt)",
+            generated + 1
+        )));
+    };
+    let next = if sampling.temperature > 0.0 {
+        let mut masked = vec![f32::NEG_INFINITY; logits.len()];
+        for &id in &allowed {
+            masked[id as usize] = logits[id as usize];
+        }
+        pick(&masked, sampling, position)
+    } else {
+        best
+    };
+    m.accept(next);
+    Ok(next)
+}
+
 /// [`generate`], reporting each token to `on_token` as it is produced; `ControlFlow::Break` stops
 /// the turn there (between two tokens). With `mask`, the JSON mask: each token is chosen among the
 /// [`JSON_TOP_K`] most likely that keep the completion a prefix of one JSON value (greedy: the most
 /// likely of them; sampled: drawn from them alone), and the turn ends when the value is complete.
 /// The logits are masked after the lm_head, so no hidden state changes.
+///
+/// With lookahead, each decode pass carries the next token's row and the rows of its drafts; the
+/// tokens chosen at those rows are kept while each equals the draft that follows it, plus the first
+/// that does not (a choice at a row depends only on that row's logits and position, so the JSON
+/// mask and the position-seeded draw apply row after row). On the cached path the keys of the
+/// rejected drafts are dropped: the next pass starts at the first position not kept.
 pub fn generate_streaming<E: From<Error>>(
     head: &Stage,
     prompt: &[u32],
@@ -100,6 +180,7 @@ pub fn generate_streaming<E: From<Error>>(
         return Err(Error::Invalid("the prompt has no tokens".to_string()).into());
     }
     let h = head.config().hidden_size;
+    let max_pos = head.config().max_position_embeddings;
     let mut ids = prompt.to_vec();
     let mut out = Generation {
         cancelled: false,
@@ -107,9 +188,11 @@ pub fn generate_streaming<E: From<Error>>(
         laps: 0,
         margins: Vec::new(),
         first_logits: Vec::new(),
+        drafted: 0,
+        accepted: 0,
     };
     let mut cache: Option<StageCache> = None;
-    // (pos0, rows) of the next pass; on the full-window path pos0 is always 0.
+    // (pos0, rows) of the next passes over `ids`; on the full-window path pos0 is always 0.
     let mut pending: Vec<(usize, usize)> = match opts.path {
         ForwardPath::FullWindow => vec![(0, ids.len())],
         ForwardPath::Cached => {
@@ -124,13 +207,22 @@ pub fn generate_streaming<E: From<Error>>(
                 .collect()
         }
     };
-    while out.ids.len() < opts.max_new_tokens {
+    // The drafts the last pending pass carries after its rows.
+    let mut drafted: Vec<u32> = Vec::new();
+    'turn: while out.ids.len() < opts.max_new_tokens {
         let mut last = Vec::new();
         let count = pending.len();
         for (i, (pos0, rows)) in pending.drain(..).enumerate() {
-            let mut x = head.embed(&ids[pos0..pos0 + rows], pos0)?;
-            head.forward(&mut x, rows, pos0, cache.as_mut())?;
             let wanted = i + 1 == count;
+            let extra = if wanted { drafted.len() } else { 0 };
+            let mut tokens = ids[pos0..pos0 + rows].to_vec();
+            tokens.extend_from_slice(&drafted[..extra]);
+            let rows = rows + extra;
+            if let Some(c) = cache.as_mut() {
+                c.truncate(pos0);
+            }
+            let mut x = head.embed(&tokens, pos0)?;
+            head.forward(&mut x, rows, pos0, cache.as_mut())?;
             let back = lap(Pass {
                 hidden: x,
                 rows,
@@ -152,53 +244,47 @@ pub fn generate_streaming<E: From<Error>>(
                 }
                 .into());
             }
-            last = back[(rows - 1) * h..].to_vec();
+            last = back[(rows - 1 - extra) * h..].to_vec();
         }
-        let logits = head.logits(&last, 1)?;
-        let next = match mask.as_deref_mut() {
-            None => pick(&logits, opts.sampling, ids.len()),
-            Some(m) => {
-                let allowed: Vec<u32> = top_k(&logits, JSON_TOP_K)
-                    .into_iter()
-                    .filter(|&id| m.allows(id))
-                    .collect();
-                let Some(&best) = allowed.first() else {
-                    return Err(Error::Invalid(format!(
-                        "JSON output: none of the {JSON_TOP_K} most likely tokens continues a JSON \
-                         object or array at generated token {} (ask for JSON in the prompt)",
-                        out.ids.len() + 1
-                    ))
-                    .into());
-                };
-                let next = if opts.sampling.temperature > 0.0 {
-                    let mut masked = vec![f32::NEG_INFINITY; logits.len()];
-                    for &id in &allowed {
-                        masked[id as usize] = logits[id as usize];
-                    }
-                    pick(&masked, opts.sampling, ids.len())
-                } else {
-                    best
-                };
-                m.accept(next);
-                next
+        let scored = drafted.len() + 1;
+        let logits = head.logits(&last, scored)?;
+        let v = logits.len() / scored;
+        out.drafted += drafted.len();
+        for (r, row) in logits.chunks_exact(v).enumerate() {
+            let next = choose(
+                row,
+                opts.sampling,
+                ids.len(),
+                out.ids.len(),
+                mask.as_deref_mut(),
+            )?;
+            out.margins.push(top2_margin(row));
+            if out.first_logits.is_empty() {
+                out.first_logits = row.to_vec();
             }
-        };
-        out.margins.push(top2_margin(&logits));
-        if out.first_logits.is_empty() {
-            out.first_logits = logits;
+            ids.push(next);
+            out.ids.push(next);
+            if on_token(next).is_break() {
+                out.cancelled = true;
+                break 'turn;
+            }
+            if !opts.ignore_eos && opts.eos_token_ids.contains(&next) {
+                break 'turn;
+            }
+            if mask.as_deref().is_some_and(JsonMask::complete) {
+                break 'turn;
+            }
+            if out.ids.len() >= opts.max_new_tokens {
+                break 'turn;
+            }
+            if drafted.get(r) != Some(&next) {
+                break;
+            }
+            out.accepted += 1;
         }
-        ids.push(next);
-        out.ids.push(next);
-        if on_token(next).is_break() {
-            out.cancelled = true;
-            break;
-        }
-        if !opts.ignore_eos && opts.eos_token_ids.contains(&next) {
-            break;
-        }
-        if mask.as_deref().is_some_and(JsonMask::complete) {
-            break;
-        }
+        // Drafts beyond what the turn may still produce, or past the model's positions, are not sent.
+        let room = (opts.max_new_tokens - out.ids.len() - 1).min(max_pos.saturating_sub(ids.len()));
+        drafted = drafts(&ids, opts.lookahead.min(room));
         pending.push(match opts.path {
             ForwardPath::FullWindow => (0, ids.len()),
             ForwardPath::Cached => (ids.len() - 1, 1),
@@ -293,4 +379,25 @@ fn log_softmax_at(row: &[f32], i: usize) -> f32 {
 /// The head alone: the lap returns the hidden state as it is.
 pub fn alone(pass: Pass) -> Result<Vec<f32>> {
     Ok(pass.hidden)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drafts;
+
+    #[test]
+    fn drafts_follow_the_latest_earlier_ngram_through_themselves() {
+        // "1 2 3 4 1 2 3": the trigram "1 2 3" occurred at 0; what followed is 4, then the
+        // context itself (1 2 3), then the drafts (4 …).
+        assert_eq!(drafts(&[1, 2, 3, 4, 1, 2, 3], 6), vec![4, 1, 2, 3, 4, 1]);
+        // The latest earlier occurrence wins, and a longer n-gram before a shorter one.
+        assert_eq!(drafts(&[9, 8, 1, 9, 8, 2, 9, 8], 1), vec![2]);
+        assert_eq!(drafts(&[4, 9, 8, 1, 5, 9, 8, 4, 9, 8], 1), vec![1]);
+        assert_eq!(drafts(&[1, 9, 8, 2, 5, 9, 8], 2), vec![2, 5]);
+        // A single repeated token is not looked up; nothing repeats, no drafts; k = 0 is off.
+        assert_eq!(drafts(&[1, 2, 3, 1], 4), Vec::<u32>::new());
+        assert_eq!(drafts(&[1, 2, 3, 4], 4), Vec::<u32>::new());
+        assert_eq!(drafts(&[1, 2, 1, 2], 0), Vec::<u32>::new());
+        assert_eq!(drafts(&[], 3), Vec::<u32>::new());
+    }
 }

@@ -3,7 +3,8 @@
 //! Requests become turns in the head's one queue (behind the turn that owns the ring); a client that
 //! goes away cancels its turn between two tokens. Errors take OpenAI's shape. The non-standard
 //! `verify: true` returns Verify's result with the answer (a `verify` field, and the header
-//! `x-daisy-verify` on a reply that is not streamed).
+//! `x-daisy-verify` on a reply that is not streamed); `path` (`auto`, `cached`, `full-window`) and
+//! `lookahead` (true or false) override the head's own choices for one request.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -47,6 +48,8 @@ pub(crate) struct Api {
     pub(crate) model: std::sync::OnceLock<ApiModel>,
     /// The forward path of a request that does not name one (the head's `--path`).
     pub(crate) path: ForwardPath,
+    /// The head's `--lookahead` (drafts per lap; 0 is off), a request's `lookahead` overrides it.
+    pub(crate) lookahead: usize,
     pub(crate) jobs: mpsc::Sender<Option<Job>>,
     /// A ring is formed and takes turns.
     pub(crate) ready: Arc<AtomicBool>,
@@ -499,6 +502,11 @@ fn check(endpoint: Endpoint, api: &Api, body: &Map<String, Value>) -> Result<Che
             },
             path,
             json_output,
+            lookahead: match f.get("lookahead") {
+                None => api.lookahead,
+                Some(_) if f.boolean("lookahead")? => daisy_engine::LOOKAHEAD_DRAFTS,
+                Some(_) => 0,
+            },
         },
         stop,
         stream,
@@ -852,6 +860,9 @@ fn timings(done: &Finished) -> Value {
         "hop_ms": done.hop_ms,
         "hops": done.hops,
         "picture": done.picture,
+        "laps": done.laps,
+        "drafted": done.drafted,
+        "accepted": done.accepted,
     })
 }
 

@@ -607,6 +607,7 @@ async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>)
         model_id: args.model.clone(),
         model: std::sync::OnceLock::new(),
         path: opts.path,
+        lookahead: opts.lookahead,
         jobs: jobs_tx.clone(),
         ready: ready.clone(),
         key_sha256: api_key,
@@ -738,12 +739,13 @@ enum Back {
     Down(String, String),
 }
 
-/// A completed attempt at a turn: the generation, every hop of its first lap, each lap's rows,
-/// milliseconds around the ring and the head's milliseconds before it, and its turn number.
+/// A completed attempt at a turn: the generation, every hop of its first lap, for each lap whether
+/// it is a decode lap, its milliseconds around the ring and the head's milliseconds before it, and
+/// its turn number.
 type Attempt = (
     daisy_engine::Generated,
     Vec<daisy_engine::Hop>,
-    Vec<(usize, f64, f64)>,
+    Vec<(bool, f64, f64)>,
     u64,
 );
 
@@ -1174,7 +1176,7 @@ impl Ring<'_> {
     /// Where each decode lap of turn `turn` went: the head's compute, each member's (asked for
     /// now: every member timed its steps), and the rest of the lap, the wire. A member that does not
     /// answer within 5 s leaves its column empty.
-    async fn picture(&mut self, turn: u64, laps: &[(usize, f64, f64)]) -> Picture {
+    async fn picture(&mut self, turn: u64, laps: &[(bool, f64, f64)]) -> Picture {
         for m in &self.members {
             let _ = control::send(
                 &m.control,
@@ -1202,8 +1204,8 @@ impl Ring<'_> {
             wire_ms: Vec::new(),
         };
         // Every lap visits each member once, in order: a member's k-th step is lap k.
-        for (k, &(rows, lap, head)) in laps.iter().enumerate() {
-            if rows != 1 {
+        for (k, &(decode, lap, head)) in laps.iter().enumerate() {
+            if !decode {
                 continue;
             }
             let members: Vec<Option<f64>> = steps
@@ -1283,6 +1285,12 @@ impl Ring<'_> {
         let turn = self.next_turn;
         self.next_turn += 1;
         let cached = opts.path == daisy_model::ForwardPath::Cached;
+        // Laps from this one on are decode laps (one next token, and its drafts with lookahead).
+        let prefill_laps = if cached {
+            daisy_model::prefill_chunks(prompt_ids.len()).len()
+        } else {
+            1
+        };
         for m in &self.members {
             if let Err(e) =
                 control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await
@@ -1333,7 +1341,11 @@ impl Ring<'_> {
                             if header.lap > 0 {
                                 slowest = slowest.max(took);
                             }
-                            lap_ms.push((header.rows, took.as_secs_f64() * 1e3, head_ms));
+                            lap_ms.push((
+                                header.lap >= prefill_laps,
+                                took.as_secs_f64() * 1e3,
+                                head_ms,
+                            ));
                             last_back.set(Instant::now());
                             return Ok(data);
                         }
@@ -1567,8 +1579,7 @@ impl Ring<'_> {
             }
         }
         let t = generated.timings;
-        // Decode laps carry one row; the prefill's chunks more (a one-token prompt's is counted too).
-        let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0 == 1).map(|l| l.1).collect();
+        let decode: Vec<f64> = lap_ms.iter().filter(|l| l.0).map(|l| l.1).collect();
         let stats = lap_stats(lap_ms.iter().map(|l| l.1).collect());
         let decode_stats = lap_stats(decode);
         // One hop on the wire, for the report (`--format json`) and a client's latency picture.
@@ -1674,6 +1685,9 @@ impl Ring<'_> {
                 hop_ms,
                 hops: self.members.len() + 1,
                 picture,
+                laps: generated.generation.laps,
+                drafted: generated.generation.drafted,
+                accepted: generated.generation.accepted,
             })));
             return Ok(());
         }

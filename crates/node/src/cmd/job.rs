@@ -80,6 +80,10 @@ pub(crate) struct Finished {
     pub(crate) hops: usize,
     /// Where each decode lap's time went.
     pub(crate) picture: Option<Picture>,
+    /// Laps run, and lookahead's drafted and kept tokens.
+    pub(crate) laps: usize,
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
 }
 
 /// Each decode lap of a turn: every stage's compute and the wire's share, milliseconds.

@@ -1,6 +1,6 @@
 //! The options several subcommands share, defined once as clap types and flattened into each.
 
-use daisy_engine::{BackendChoice, PathChoice, Precision, Sampling, TurnOptions};
+use daisy_engine::{BackendChoice, LOOKAHEAD_DRAFTS, PathChoice, Precision, Sampling, TurnOptions};
 
 /// `--format`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -89,6 +89,19 @@ pub(crate) struct GenerateArgs {
     /// unsplit run give the same ids; `full-window` re-runs the whole window for every token.
     #[arg(long, value_enum, default_value_t = PathChoice::Auto)]
     pub(crate) path: PathChoice,
+    /// `on`: when the context's last 3, 2 or 1 tokens occurred earlier, the tokens that followed
+    /// them (up to 8) are drafted and scored in the same lap as the next token, and those the model
+    /// itself chooses are kept — several tokens per lap on repetitive text. Its own deterministic
+    /// path: split-invariant and replayed by Verify, not bit-equal to `off`.
+    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    pub(crate) lookahead: Switch,
+}
+
+/// `on` or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Switch {
+    On,
+    Off,
 }
 
 impl GenerateArgs {
@@ -105,6 +118,8 @@ impl GenerateArgs {
             self.top_p.to_string(),
             "--path".to_string(),
             value_name(&self.path),
+            "--lookahead".to_string(),
+            value_name(&self.lookahead),
         ];
         for (on, flag) in [
             (self.chat, "--chat"),
@@ -129,6 +144,10 @@ impl GenerateArgs {
             },
             path: self.path.resolve(),
             json_output: self.json_output,
+            lookahead: match self.lookahead {
+                Switch::On => LOOKAHEAD_DRAFTS,
+                Switch::Off => 0,
+            },
         }
     }
 }
