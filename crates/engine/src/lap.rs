@@ -131,6 +131,8 @@ pub struct Member<'a> {
     index: usize,
     stage: &'a Stage,
     cache: Option<StageCache>,
+    /// The turn whose keys `cache` holds, as [`Member::begin`] was told.
+    cache_turn: Option<u64>,
 }
 
 impl<'a> Member<'a> {
@@ -142,7 +144,30 @@ impl<'a> Member<'a> {
             index,
             stage,
             cache: None,
+            cache_turn: None,
         }
+    }
+
+    /// Turn `turn` begins: with `continues`, it keeps the keys that turn wrote (refused when this
+    /// stage holds another turn's, or none); without, the keys held are dropped.
+    pub fn begin(&mut self, turn: u64, continues: Option<u64>) -> Result<()> {
+        match continues {
+            Some(prev) if self.cache.is_some() && self.cache_turn == Some(prev) => {}
+            Some(prev) => {
+                return Err(Error::Invalid(format!(
+                    "stage {}: turn {turn} continues the keys of turn {prev}, but this stage \
+                     holds {}",
+                    self.index,
+                    match self.cache_turn {
+                        Some(t) if self.cache.is_some() => format!("turn {t}'s"),
+                        _ => "none".to_string(),
+                    }
+                )));
+            }
+            None => self.cache = None,
+        }
+        self.cache_turn = Some(turn);
+        Ok(())
     }
 
     /// Take one activation's bytes, run this stage's layers on it, and send the result on. On the

@@ -7,6 +7,7 @@
 //! crosses processes; [`LocalRing`] plays the same steps in one process.
 
 mod backend;
+mod conversation;
 mod error;
 mod lap;
 mod open;
@@ -15,6 +16,7 @@ mod stop;
 mod turn;
 
 pub use backend::{ChosenBackend, choose_backend};
+pub use conversation::Conversation;
 pub use error::{Context, Error, Result};
 pub use lap::{
     Hop, LapHeader, LocalRing, Member, Sent, receive_at_head, returned, send, sha256_f32,
@@ -28,5 +30,5 @@ pub use turn::{
     plan_ranges, verify,
 };
 
-pub use daisy_model::{ForwardPath, Precision, Sampling};
+pub use daisy_model::{ForwardPath, Precision, Resume, Sampling};
 pub use daisy_wgsl::BackendChoice;

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use daisy_gemm_int8::Backend;
 use daisy_model::{
-    ForwardPath, GenerateOptions, Generation, JsonMask, Pass, Precision, Sampling, Stage,
-    generate_streaming, prefill_chunks,
+    ForwardPath, GenerateOptions, Generation, JsonMask, Pass, Precision, Resume, Sampling, Stage,
+    generate_streaming, prefill_chunks, rebuild,
 };
 use daisy_wire::Plan;
 use serde::Serialize;
@@ -150,11 +150,14 @@ impl TextStream<'_> {
 /// Generate from `prompt_ids` with `head` driving and `lap` carrying each pass around the rest of
 /// the ring. `on_token` sees every token as it is produced; `ControlFlow::Break` cancels the turn
 /// between two tokens.
+///
+/// With `resume`, the turn continues keys the stages hold (a chat's next turn, cached path).
 pub fn generate_turn(
     opened: &Opened,
     head: &Stage,
     prompt_ids: &[u32],
     opts: &TurnOptions,
+    resume: Option<Resume<'_>>,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>>,
     on_token: &mut dyn FnMut(TokenEvent<'_>) -> ControlFlow<()>,
 ) -> Result<Generated> {
@@ -163,9 +166,10 @@ pub fn generate_turn(
     let mut mask = opts
         .json_output
         .then(|| JsonMask::new(opened.token_table()));
+    let kept = resume.as_ref().map_or(0, |r| r.kept);
     let prefill_laps = match opts.path {
         ForwardPath::FullWindow => 1,
-        ForwardPath::Cached => prefill_chunks(prompt_ids.len()).len(),
+        ForwardPath::Cached => prefill_chunks(prompt_ids.len().saturating_sub(kept)).len(),
     };
     let t0 = Instant::now();
     let mut prefill_s = 0.0;
@@ -179,6 +183,7 @@ pub fn generate_turn(
         prompt_ids,
         &gen_opts,
         mask.as_mut(),
+        resume,
         &mut |p| {
             let n = p.lap;
             let out = lap(p);
@@ -208,7 +213,7 @@ pub fn generate_turn(
             generate_s,
             tokens_per_s: generation.ids.len() as f64 / generate_s.max(1e-9),
             prefill_s,
-            prefill_tokens_per_s: prompt_ids.len() as f64 / prefill_s.max(1e-9),
+            prefill_tokens_per_s: (prompt_ids.len() - kept) as f64 / prefill_s.max(1e-9),
             decode_s: generate_s - prefill_s,
             decode_tokens_per_s: decode_tokens as f64 / (generate_s - prefill_s).max(1e-9),
         },
@@ -319,11 +324,15 @@ impl VerifyReport {
     }
 }
 
-/// What the split run Verify checks produced: its generated ids and the hops of its first lap.
+/// What the split run Verify checks produced: its generated ids and the hops of its first lap;
+/// for a turn that continued a conversation's keys, the passes that rebuild them and how many
+/// prompt positions it kept.
 #[derive(Clone, Copy, Debug)]
 pub struct SplitRun<'a> {
     pub ids: &'a [u32],
     pub hops: &'a [Hop],
+    pub history: &'a [(usize, Vec<u32>)],
+    pub kept: usize,
 }
 
 /// Re-run the request with every layer on the head (the same path and chunks) and compare its ids
@@ -349,11 +358,21 @@ pub fn verify(
         }
     };
     let mut ring = LocalRing::new(&single, stages, 2);
+    // A continued turn: the conversation's earlier passes first, from empty caches.
+    let mut cache = stages[0].new_cache();
+    rebuild(&stages[0], &mut cache, split.history, 1, &mut |p| {
+        ring.lap(p)
+    })?;
+    ring.hops.clear();
     let again = generate_turn(
         opened,
         &stages[0],
         prompt_ids,
         opts,
+        (split.kept > 0).then_some(Resume {
+            cache: &mut cache,
+            kept: split.kept,
+        }),
         &mut |p| ring.lap(p),
         &mut |_| ControlFlow::Continue(()),
     )?;

@@ -75,6 +75,16 @@ pub struct Generation {
     /// Lookahead: drafted tokens sent with a next token, and how many of them the model chose.
     pub drafted: usize,
     pub accepted: usize,
+    /// The cached path's passes, in order: each one's first position and the ids it carried
+    /// (drafts included). Replaying them from empty caches rebuilds the keys every stage holds.
+    pub passes: Vec<(usize, Vec<u32>)>,
+}
+
+/// Where a cached-path turn starts when it continues keys the stages hold already (a chat's next
+/// turn): the head stage's own cache, and how many leading prompt positions it keeps.
+pub struct Resume<'a> {
+    pub cache: &'a mut StageCache,
+    pub kept: usize,
 }
 
 /// The longest and shortest context suffix lookahead looks up. One token alone is not looked up:
@@ -116,7 +126,7 @@ pub fn generate<E: From<Error>>(
     opts: &GenerateOptions,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
 ) -> Result<Generation, E> {
-    generate_streaming(head, prompt, opts, None, lap, &mut |_| {
+    generate_streaming(head, prompt, opts, None, None, lap, &mut |_| {
         ControlFlow::Continue(())
     })
 }
@@ -168,16 +178,30 @@ fn choose(
 /// that does not (a choice at a row depends only on that row's logits and position, so the JSON
 /// mask and the position-seeded draw apply row after row). On the cached path the keys of the
 /// rejected drafts are dropped: the next pass starts at the first position not kept.
+///
+/// With `resume` (cached path only), the stages hold the keys of the first `kept` prompt positions
+/// already; the rest of the prompt is prefilled from there, in chunks by its own length.
 pub fn generate_streaming<E: From<Error>>(
     head: &Stage,
     prompt: &[u32],
     opts: &GenerateOptions,
     mut mask: Option<&mut JsonMask>,
+    resume: Option<Resume<'_>>,
     lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
     on_token: &mut dyn FnMut(u32) -> ControlFlow<()>,
 ) -> Result<Generation, E> {
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt has no tokens".to_string()).into());
+    }
+    let kept = resume.as_ref().map_or(0, |r| r.kept);
+    if kept >= prompt.len() || (resume.is_some() && opts.path != ForwardPath::Cached) {
+        return Err(Error::Invalid(format!(
+            "a turn continues {kept} cached positions of a {}-token prompt on the {} path: only \
+             the cached path continues keys, and at least one prompt position must be new",
+            prompt.len(),
+            opts.path.name()
+        ))
+        .into());
     }
     let h = head.config().hidden_size;
     let max_pos = head.config().max_position_embeddings;
@@ -190,15 +214,23 @@ pub fn generate_streaming<E: From<Error>>(
         first_logits: Vec::new(),
         drafted: 0,
         accepted: 0,
+        passes: Vec::new(),
     };
-    let mut cache: Option<StageCache> = None;
+    let mut own;
+    let mut cache: Option<&mut StageCache> = None;
     // (pos0, rows) of the next passes over `ids`; on the full-window path pos0 is always 0.
     let mut pending: Vec<(usize, usize)> = match opts.path {
         ForwardPath::FullWindow => vec![(0, ids.len())],
         ForwardPath::Cached => {
-            cache = Some(head.new_cache());
-            let mut pos = 0;
-            prefill_chunks(ids.len())
+            cache = Some(match resume {
+                Some(r) => r.cache,
+                None => {
+                    own = head.new_cache();
+                    &mut own
+                }
+            });
+            let mut pos = kept;
+            prefill_chunks(ids.len() - kept)
                 .into_iter()
                 .map(|c| {
                     pos += c;
@@ -218,11 +250,12 @@ pub fn generate_streaming<E: From<Error>>(
             let mut tokens = ids[pos0..pos0 + rows].to_vec();
             tokens.extend_from_slice(&drafted[..extra]);
             let rows = rows + extra;
-            if let Some(c) = cache.as_mut() {
+            if let Some(c) = cache.as_deref_mut() {
                 c.truncate(pos0);
+                out.passes.push((pos0, tokens.clone()));
             }
             let mut x = head.embed(&tokens, pos0)?;
-            head.forward(&mut x, rows, pos0, cache.as_mut())?;
+            head.forward(&mut x, rows, pos0, cache.as_deref_mut())?;
             let back = lap(Pass {
                 hidden: x,
                 rows,
@@ -291,6 +324,32 @@ pub fn generate_streaming<E: From<Error>>(
         });
     }
     Ok(out)
+}
+
+/// Replay recorded cached-path passes (see [`Generation::passes`]) into `cache` and the stages
+/// behind `lap`, from empty caches: the keys they rebuild are exactly those the passes wrote. Their
+/// laps are numbered from `first_lap` and return nothing the head uses.
+pub fn rebuild<E: From<Error>>(
+    head: &Stage,
+    cache: &mut StageCache,
+    passes: &[(usize, Vec<u32>)],
+    first_lap: usize,
+    lap: &mut dyn FnMut(Pass) -> Result<Vec<f32>, E>,
+) -> Result<(), E> {
+    for (i, (pos0, tokens)) in passes.iter().enumerate() {
+        cache.truncate(*pos0);
+        let mut x = head.embed(tokens, *pos0)?;
+        head.forward(&mut x, tokens.len(), *pos0, Some(&mut *cache))?;
+        lap(Pass {
+            hidden: x,
+            rows: tokens.len(),
+            pos0: *pos0,
+            cached: true,
+            lap: first_lap + i,
+            wanted: false,
+        })?;
+    }
+    Ok(())
 }
 
 /// A teacher-forced pass over given ids.

@@ -24,8 +24,8 @@ pub use block::StageCache;
 pub use error::{Error, Result};
 pub use gemm::Precision;
 pub use generate::{
-    ForwardPath, GenerateOptions, Generation, Pass, Scored, alone, drafts, generate,
-    generate_streaming, score,
+    ForwardPath, GenerateOptions, Generation, Pass, Resume, Scored, alone, drafts, generate,
+    generate_streaming, rebuild, score,
 };
 pub use json::{JSON_TOP_K, JsonMask, JsonPrefix};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};

@@ -4,6 +4,9 @@
 //!   so its probe disagrees with every correct device.
 //! - `DAISY_TEST_DUMP_SENT=FILE`: every byte this process sends to a peer (each link frame, each
 //!   signaling message) is appended to FILE, so a test can look for a secret in it.
+//! - `DAISY_TEST_VERIFY_FRESH=1`: the head's Verify recomputes a turn that continued a
+//!   conversation's keys as a fresh prompt (the conversation's passes not replayed), so it must
+//!   report a mismatch: the mutation of the KV-reuse test.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -51,4 +54,9 @@ pub(crate) fn dump_sent(bytes: &[u8]) {
     if let Some(file) = dump {
         let _ = file.lock().expect("dump lock").write_all(bytes);
     }
+}
+
+/// Whether Verify should ignore a conversation's history (`DAISY_TEST_VERIFY_FRESH`).
+pub(crate) fn verify_fresh() -> bool {
+    std::env::var_os("DAISY_TEST_VERIFY_FRESH").is_some()
 }

@@ -267,11 +267,14 @@ pub struct Heartbeat {
 }
 
 /// The start of a turn: every activation of turn `turn` runs the cached path (per-stage KV, a lap
-/// at position 0 starting a new cache) when `cached`, the full-window path otherwise.
+/// at position 0 starting a new cache) when `cached`, the full-window path otherwise. With
+/// `continues`, the turn keeps the keys that turn wrote (a chat's next turn): a member whose cache
+/// is another turn's refuses it; without, a member drops the keys it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnStart {
     pub turn: u64,
     pub cached: bool,
+    pub continues: Option<u64>,
 }
 
 /// What a member sent on the first lap of turn `turn` as hop `hop`: the layer after which the state

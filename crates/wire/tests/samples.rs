@@ -110,6 +110,7 @@ pub(crate) fn all() -> Vec<(&'static str, Message)> {
             Message::Turn(TurnStart {
                 turn: 7,
                 cached: true,
+                continues: Some(6),
             }),
         ),
         (
@@ -280,8 +281,16 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
         (proptest::option::of(any::<u64>()), text())
             .prop_map(|(turn, message)| Message::Error(ErrorReport { turn, message })),
         any::<u64>().prop_map(|seq| Message::Heartbeat(Heartbeat { seq })),
-        (any::<u64>(), any::<bool>())
-            .prop_map(|(turn, cached)| Message::Turn(TurnStart { turn, cached })),
+        (
+            any::<u64>(),
+            any::<bool>(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(turn, cached, continues)| Message::Turn(TurnStart {
+                turn,
+                cached,
+                continues
+            })),
         (any::<u64>(), 0usize..100, 0usize..1000, digest()).prop_map(
             |(turn, hop, after_layer, h)| Message::Hop(HopRecord {
                 turn,

@@ -809,6 +809,7 @@ impl Reply {
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.kept_positions},
         })
     }
 

@@ -22,8 +22,8 @@ use axum::extract::{ConnectInfo, State};
 use axum::response::Response;
 use axum::routing::get;
 use daisy_engine::{
-    LapHeader, Opened, TurnOptions, TurnReport, generate_turn, load_stage, receive_at_head,
-    returned, send, verify,
+    Conversation, LapHeader, Opened, Resume, TurnOptions, TurnReport, generate_turn, load_stage,
+    receive_at_head, returned, send, verify,
 };
 use daisy_loader::{Checkpoint, LocalDir};
 use daisy_model::Stage;
@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
-use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
+use super::options::{ComputeArgs, FormatArgs, GenerateArgs, Switch};
 use super::page::PageToken;
 use super::view::SharedView;
 use crate::control;
@@ -97,6 +97,11 @@ pub(crate) struct Args {
     /// Turns that may wait for the ring at once; an API request beyond them gets 429.
     #[arg(long, default_value_t = 8)]
     pub(crate) max_queued: usize,
+    /// `on`: a cached-path turn whose prompt starts with the previous turn's whole prompt (a chat's
+    /// next turn) keeps every stage's keys for the positions it shares with what that turn
+    /// computed, and prefills only the rest; Verify recomputes it from the conversation's start.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    pub(crate) kv_reuse: Switch,
 }
 
 /// Longest wait for a member's Hello or probe result.
@@ -740,14 +745,23 @@ enum Back {
 }
 
 /// A completed attempt at a turn: the generation, every hop of its first lap, for each lap whether
-/// it is a decode lap, its milliseconds around the ring and the head's milliseconds before it, and
-/// its turn number.
+/// it is a decode lap, its milliseconds around the ring and the head's milliseconds before it, its
+/// turn number, and what it continued.
 type Attempt = (
     daisy_engine::Generated,
     Vec<daisy_engine::Hop>,
     Vec<(bool, f64, f64)>,
     u64,
+    Continued,
 );
+
+/// The prompt positions a turn kept from the conversation's keys, and the passes that rebuild
+/// them (for Verify).
+#[derive(Default)]
+struct Continued {
+    kept: usize,
+    history: Vec<(usize, Vec<u32>)>,
+}
 
 /// Why the ring could not go on.
 enum Failure {
@@ -850,6 +864,9 @@ struct Ring<'a> {
     head_probe: (daisy_wire::Hash, f64),
     /// Bytes the head has sent on ring links that are closed now.
     bytes_sent_before: u64,
+    /// The keys every stage holds after the last cached turn, for the next turn to continue
+    /// (`--kv-reuse on`); none after a failed turn or a new ring.
+    conversation: Option<Conversation>,
 }
 
 /// Longest wait for the first lap of a ring (a prefill chunk on the slowest member).
@@ -884,6 +901,8 @@ impl Ring<'_> {
     /// Send the plan and assignments, load the head's layers, connect the ring, wait until every
     /// member is ready.
     async fn establish(&mut self) -> Result<(), Failure> {
+        // New members hold no keys.
+        self.conversation = None;
         for link in self.links.drain(..) {
             self.bytes_sent_before += link.bytes_sent();
             link.close().await;
@@ -1291,10 +1310,24 @@ impl Ring<'_> {
         } else {
             1
         };
+        let reuse = cached && self.settings.args.kv_reuse == Switch::On;
+        if !reuse {
+            self.conversation = None;
+        }
+        let kept = self.conversation.as_ref().map_or(0, |c| c.kept(prompt_ids));
+        let continues = (kept > 0).then(|| self.conversation.as_ref().map(Conversation::turn));
+        let start = TurnStart {
+            turn,
+            cached,
+            continues: continues.flatten(),
+        };
+        if let Some(prev) = start.continues {
+            eprintln!(
+                "head: turn {turn} continues the keys of turn {prev}: {kept} prompt positions kept"
+            );
+        }
         for m in &self.members {
-            if let Err(e) =
-                control::send(&m.control, &Message::Turn(TurnStart { turn, cached })).await
-            {
+            if let Err(e) = control::send(&m.control, &Message::Turn(start)).await {
                 return Err(Failure::member(&m.device, format!("{e:#}")));
             }
         }
@@ -1311,6 +1344,17 @@ impl Ring<'_> {
         let first = self.members.first().map(|m| m.device.clone());
         let in_ring: Vec<String> = self.members.iter().map(|m| m.device.clone()).collect();
         let in_flight = self.settings.args.in_flight.max(1);
+        if reuse && self.conversation.is_none() {
+            self.conversation = Some(Conversation::new(head));
+        }
+        // Until the turn succeeds, what the stages hold is no conversation's.
+        let mut conversation = self.conversation.take();
+        let continued = Continued {
+            kept,
+            history: conversation
+                .as_ref()
+                .map_or_else(Vec::new, |c| c.history(kept)),
+        };
         let generated = tokio::task::block_in_place(|| {
             let mut stdout = std::io::stdout().lock();
             // A lap's return, checked; an earlier attempt's laps still on their way are skipped.
@@ -1402,7 +1446,11 @@ impl Ring<'_> {
                 }
                 Ok(data)
             };
-            generate_turn(opened, head, prompt_ids, opts, &mut lap, &mut |t| {
+            let resume = conversation.as_mut().map(|c| Resume {
+                cache: c.cache_mut(),
+                kept,
+            });
+            generate_turn(opened, head, prompt_ids, opts, resume, &mut lap, &mut |t| {
                 // A replay's tokens up to where the failed attempt got were shown already.
                 if t.index < shown.tokens {
                     return ControlFlow::Continue(());
@@ -1432,7 +1480,13 @@ impl Ring<'_> {
         });
         self.slowest_lap = slowest;
         let generated = match generated {
-            Ok(g) => g,
+            Ok(g) => {
+                if let Some(c) = conversation.as_mut() {
+                    c.record(turn, prompt_ids, kept, &g.generation.passes);
+                }
+                self.conversation = conversation;
+                g
+            }
             Err(e) => {
                 if let Some((device, why)) = culprit.into_inner() {
                     return Err(Failure::Member { device, why });
@@ -1470,7 +1524,7 @@ impl Ring<'_> {
             }
         }
         hops.extend(member_hops.into_iter().flatten());
-        Ok((generated, hops, lap_ms, turn))
+        Ok((generated, hops, lap_ms, turn, continued))
     }
 
     /// A turn: replayed once, without the member that failed, when one does. A client's turn that
@@ -1519,7 +1573,7 @@ impl Ring<'_> {
             client_gone: false,
         };
         let mut replays = 0;
-        let (generated, hops, lap_ms, turn) = loop {
+        let (generated, hops, lap_ms, turn, continued) = loop {
             match self.attempt(job, &mut shown).await {
                 Ok(done) => break done,
                 Err(Failure::Member { device, why }) if replays == 0 => {
@@ -1656,6 +1710,16 @@ impl Ring<'_> {
                 opts.max_new_tokens = ids.len();
             }
             let backend = self.chosen.backend.clone();
+            #[cfg(feature = "test-hooks")]
+            let fresh = Continued::default();
+            #[cfg(feature = "test-hooks")]
+            let replayed = if crate::test_hooks::verify_fresh() {
+                &fresh
+            } else {
+                &continued
+            };
+            #[cfg(not(feature = "test-hooks"))]
+            let replayed = &continued;
             let report = tokio::task::block_in_place(|| {
                 verify(
                     opened,
@@ -1664,7 +1728,12 @@ impl Ring<'_> {
                     &backend,
                     prompt_ids,
                     &opts,
-                    daisy_engine::SplitRun { ids, hops: &hops },
+                    daisy_engine::SplitRun {
+                        ids,
+                        hops: &hops,
+                        history: &replayed.history,
+                        kept: replayed.kept,
+                    },
                 )
             })
             .context("verify: the head could not re-run the turn with every layer")?;
@@ -1688,6 +1757,7 @@ impl Ring<'_> {
                 laps: generated.generation.laps,
                 drafted: generated.generation.drafted,
                 accepted: generated.generation.accepted,
+                kept_positions: continued.kept,
             })));
             return Ok(());
         }
@@ -1706,6 +1776,7 @@ impl Ring<'_> {
                 ),
                 turn_id: turn,
                 replays,
+                kept_positions: continued.kept,
                 verify_unavailable,
                 devices: self.devices(),
                 excluded: self.excluded.clone(),
@@ -1786,13 +1857,16 @@ struct RingReport {
     turn_id: u64,
     /// How many times the turn was replayed (0 or 1).
     replays: usize,
+    /// Prompt positions whose keys the stages kept from the previous turn (`--kv-reuse`), not
+    /// computed again.
+    kept_positions: usize,
     /// Why Verify did not run although it was asked for (the head cannot hold the whole model).
     verify_unavailable: Option<String>,
     devices: Vec<String>,
     excluded: Vec<String>,
     /// Every lap, from leaving the head to coming back.
     lap_ms: LapStats,
-    /// Decode laps only (one row each).
+    /// Decode laps only.
     decode_lap_ms: LapStats,
     /// One hop on the wire: half the round trip of a heartbeat on the head's link to each member,
     /// measured after the turn (`--format json` only).
@@ -2036,6 +2110,7 @@ async fn drive(
         next_turn: 1,
         head_probe,
         bytes_sent_before: 0,
+        conversation: None,
     };
     let result = run_turns(&mut ring, joined, queue).await;
     for m in &ring.members {

@@ -84,6 +84,8 @@ pub(crate) struct Finished {
     pub(crate) laps: usize,
     pub(crate) drafted: usize,
     pub(crate) accepted: usize,
+    /// Prompt positions whose keys the stages kept from the previous turn.
+    pub(crate) kept_positions: usize,
 }
 
 /// Each decode lap of a turn: every stage's compute and the wire's share, milliseconds.

@@ -757,12 +757,13 @@ fn compute(
     fail: mpsc::Sender<Failed>,
     times: StepTimes,
 ) {
-    let mut member = Member::new(&plan, index, &stage);
+    // Stepped by activations and begun by turn starts, one at a time.
+    let member = std::cell::RefCell::new(Member::new(&plan, index, &stage));
     let mut turns: HashMap<u64, bool> = HashMap::new();
     let mut waiting: Vec<Vec<u8>> = Vec::new();
     let mut step = |bytes: &[u8], turn: u64, cached: bool| -> Result<()> {
         let t0 = std::time::Instant::now();
-        let sent = member.step(bytes, cached)?;
+        let sent = member.borrow_mut().step(bytes, cached)?;
         times.record(turn, index, t0.elapsed());
         if let Some(hop) = &sent.hop {
             let _ = hops.blocking_send(HopRecord {
@@ -780,6 +781,12 @@ fn compute(
         let result = match msg {
             Input::Turn(t) => {
                 turns.insert(t.turn, t.cached);
+                if t.cached
+                    && let Err(e) = member.borrow_mut().begin(t.turn, t.continues)
+                {
+                    let _ = fail.blocking_send((epoch, format!("{e:#}")));
+                    return;
+                }
                 let held = std::mem::take(&mut waiting);
                 held.into_iter()
                     .try_for_each(|b| dispatch(&b, &turns, &mut waiting, &mut step))

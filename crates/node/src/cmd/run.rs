@@ -88,6 +88,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         &stages[0],
         &prompt_ids,
         &opts,
+        None,
         &mut |p| ring.lap(p),
         &mut |t| {
             if !json {
@@ -121,6 +122,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             SplitRun {
                 ids: &generated.generation.ids,
                 hops: &ring.hops,
+                history: &[],
+                kept: 0,
             },
         )?;
         if !json || !report.matched {
