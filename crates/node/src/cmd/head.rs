@@ -97,9 +97,10 @@ pub(crate) struct Args {
     /// Turns that may wait for the ring at once; an API request beyond them gets 429.
     #[arg(long, default_value_t = 8)]
     pub(crate) max_queued: usize,
-    /// `on`: a cached-path turn whose prompt starts with the previous turn's whole prompt (a chat's
-    /// next turn) keeps every stage's keys for the positions it shares with what that turn
-    /// computed, and prefills only the rest; Verify recomputes it from the conversation's start.
+    /// `on`: a cached-path turn whose prompt starts with the previous turn's whole prompt and goes
+    /// on with its answer (a chat's next turn) keeps every stage's keys for the positions it shares
+    /// with what that turn computed, and prefills only the rest; Verify recomputes it from the
+    /// conversation's start.
     #[arg(long, value_enum, default_value_t = Switch::On)]
     pub(crate) kv_reuse: Switch,
 }
