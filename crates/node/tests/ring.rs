@@ -846,3 +846,68 @@ fn a_second_prompt_waits_for_the_ring_tokenized() {
     }
     assert_ne!(reports[0]["prompt_ids"], reports[1]["prompt_ids"]);
 }
+
+#[test]
+fn the_conversation_prefix_record_survives_a_restart_and_keeps_chats_apart() {
+    let data = tempfile::tempdir().unwrap();
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let env = [("XDG_DATA_HOME", data.path().to_str().unwrap())];
+    // Two chats that share their first block (an opening of more than 16 tokens).
+    let opening = "System: you are a helpful assistant who answers briefly, politely and in plain \
+                   English. User:";
+    let a = format!("{opening} what is the capital of France?");
+    let b = format!("{opening} name three fruits.");
+    // Each turn is a head of its own: every one after the first is a restart.
+    let turn = |prompt: &str| -> Value {
+        let args = [
+            "--stages",
+            "1,2",
+            "--prompt",
+            prompt,
+            "--max-new-tokens",
+            "4",
+            "--format",
+            "json",
+        ];
+        let run = Live::start_with(&gpt2, &args, &env, &[None]).finish();
+        assert!(
+            run.head_err.contains("conversation prefixes on record in"),
+            "{}",
+            run.head_err
+        );
+        run.report()["conversation"].clone()
+    };
+    let a1 = turn(&a);
+    let b1 = turn(&b);
+    let a2 = turn(&a);
+    assert_eq!(
+        (a1["turns"].as_u64(), b1["turns"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(a2["turns"], 2, "the record was read back on restart: {a2}");
+    assert_eq!(a1["prefix_sha256"], a2["prefix_sha256"]);
+    assert_eq!(a1["block_sha256"], b1["block_sha256"], "one first block");
+    assert_ne!(a1["prefix_sha256"], b1["prefix_sha256"]);
+    // On disk: one first block, two conversations under it, neither erased.
+    let file = data.path().join("daisychain-infer/prefixes.json");
+    let record: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let blocks = record["blocks"].as_object().unwrap();
+    assert_eq!(blocks.len(), 1, "{record}");
+    let chats = blocks.values().next().unwrap().as_array().unwrap();
+    let turns: Vec<(String, u64)> = chats
+        .iter()
+        .map(|c| {
+            (
+                c["prefix_sha256"].as_str().unwrap().to_string(),
+                c["turns"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        vec![
+            (a1["prefix_sha256"].as_str().unwrap().to_string(), 2),
+            (b1["prefix_sha256"].as_str().unwrap().to_string(), 1),
+        ]
+    );
+}

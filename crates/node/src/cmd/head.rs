@@ -40,6 +40,7 @@ use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
 use super::options::{ComputeArgs, FormatArgs, GenerateArgs, Switch};
 use super::page::PageToken;
+use super::prefixes::{Prefixes, Seen};
 use super::view::SharedView;
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
@@ -868,6 +869,9 @@ struct Ring<'a> {
     /// The keys every stage holds after the last cached turn, for the next turn to continue
     /// (`--kv-reuse on`); none after a failed turn or a new ring.
     conversation: Option<Conversation>,
+    /// The record of conversation prefixes (none without a data folder, or when the file there
+    /// is not one).
+    prefixes: Option<Prefixes>,
 }
 
 /// Longest wait for the first lap of a ring (a prefill chunk on the slowest member).
@@ -1741,6 +1745,11 @@ impl Ring<'_> {
             eprintln!("head: {}", report.summary());
             Some(report)
         };
+        let conversation = self.prefixes.as_mut().and_then(|p| {
+            p.record(&self.fingerprint.0, prompt_ids)
+                .map_err(|e| eprintln!("head: the conversation record was not saved: {e:#}"))
+                .ok()
+        });
         let failed = verified.as_ref().is_some_and(|v| !v.matched);
         if let Sink::Client(tx) = &job.sink {
             let _ = tx.send(Streamed::Done(Box::new(Finished {
@@ -1778,6 +1787,7 @@ impl Ring<'_> {
                 turn_id: turn,
                 replays,
                 kept_positions: continued.kept,
+                conversation,
                 verify_unavailable,
                 devices: self.devices(),
                 excluded: self.excluded.clone(),
@@ -1861,6 +1871,8 @@ struct RingReport {
     /// Prompt positions whose keys the stages kept from the previous turn (`--kv-reuse`), not
     /// computed again.
     kept_positions: usize,
+    /// This turn's conversation in the prefix record (the turns seen with its prefix so far).
+    conversation: Option<Seen>,
     /// Why Verify did not run although it was asked for (the head cannot hold the whole model).
     verify_unavailable: Option<String>,
     devices: Vec<String>,
@@ -1875,6 +1887,26 @@ struct RingReport {
     bytes_sent_by_head: u64,
     /// Bytes of the head's model folder each member fetched (when the head serves its folder).
     bytes_served: Option<std::collections::BTreeMap<String, u64>>,
+}
+
+/// The record of conversation prefixes in the data folder, said on stderr; none (and why) when
+/// there is no data folder or its file is not a record.
+fn open_prefixes() -> Option<Prefixes> {
+    let path = Prefixes::default_path()?;
+    match Prefixes::open(path) {
+        Ok(p) => {
+            eprintln!(
+                "head: {} conversation prefixes on record in {}",
+                p.len(),
+                p.path().display()
+            );
+            Some(p)
+        }
+        Err(e) => {
+            eprintln!("head: no conversation record this run: {e:#}");
+            None
+        }
+    }
 }
 
 /// Admit `needed` members: each says Hello and runs a fresh probe, which must match the head's.
@@ -2112,6 +2144,7 @@ async fn drive(
         head_probe,
         bytes_sent_before: 0,
         conversation: None,
+        prefixes: open_prefixes(),
     };
     let result = run_turns(&mut ring, joined, queue).await;
     for m in &ring.members {

@@ -20,6 +20,7 @@ pub(crate) mod join;
 pub(crate) mod mirror;
 pub(crate) mod options;
 pub(crate) mod page;
+pub(crate) mod prefixes;
 pub(crate) mod run;
 pub(crate) mod score;
 pub(crate) mod tokenize;
