@@ -596,3 +596,71 @@ fn appended_rows_equal_rows_quantized_together() {
     assert!(grown.append(&other).is_err());
     assert_eq!(grown.rows(), 8);
 }
+
+/// DeepGEMM's layout for comparison (GUIDE "DeepInfer"): one weight scale per 128 channels of K per
+/// output row instead of one per row, each block's integer sum scaled by its own scale and the block
+/// results added in f32, in order.
+fn block_scaled(a: &[f32], t: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    const BLOCK: usize = 128;
+    let qa = quantize_rows(a, t, k).unwrap();
+    let mut c = Vec::with_capacity(t * n);
+    for r in 0..t {
+        for row in w.chunks(k).take(n) {
+            let mut sum = 0f32;
+            for (b, wb) in row.chunks(BLOCK).enumerate() {
+                let qb = quantize_rows(wb, 1, wb.len()).unwrap();
+                let acc: i32 = qa.row(r)[b * BLOCK..b * BLOCK + wb.len()]
+                    .iter()
+                    .zip(qb.q())
+                    .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                    .sum();
+                sum += (acc as f32 * qa.scales()[r]) * qb.scales()[0];
+            }
+            c.push(sum);
+        }
+    }
+    c
+}
+
+#[test]
+fn a_scale_every_128_channels_gives_other_products_than_the_contract() {
+    // K = 576 (SmolLM2's hidden size): 4½ blocks of 128; one block of each weight row is larger, as
+    // outlier channels are in real weights.
+    let (t, n, k) = (4, 8, 576);
+    let mut rng = Rng(7);
+    let a: Vec<f32> = (0..t * k).map(|_| rng.unit()).collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| rng.unit() * if (i % k) / 128 == 1 { 8.0 } else { 0.05 })
+        .collect();
+    let scalar = CpuBackend::with_isa(Isa::Scalar).unwrap();
+    let contract = gemm(&scalar, &a, t, &PackedWeights::new(&w, n, k).unwrap()).unwrap();
+    assert!(
+        contract
+            .iter()
+            .zip(independent(&a, t, &w, n, k))
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the contract itself"
+    );
+    let blocks = block_scaled(&a, t, &w, n, k);
+    let differ = contract
+        .iter()
+        .zip(&blocks)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    // Every product is another number: the block layout is not the verified GEMM.
+    assert_eq!(differ, t * n, "{differ} of {} products differ", t * n);
+    // The mutation: with one block per row (K ≤ 128) the two layouts are the same GEMM.
+    let k1 = 96;
+    let (a1, w1) = (matrix(3, t, k1), matrix(4, n, k1));
+    assert_eq!(
+        block_scaled(&a1, t, &w1, n, k1)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>(),
+        gemm(&scalar, &a1, t, &PackedWeights::new(&w1, n, k1).unwrap())
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    );
+}

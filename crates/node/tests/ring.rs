@@ -845,6 +845,18 @@ fn a_second_prompt_waits_for_the_ring_tokenized() {
         assert_eq!(r["ids"].as_array().unwrap().len(), 200);
     }
     assert_ne!(reports[0]["prompt_ids"], reports[1]["prompt_ids"]);
+    // The prepared prompt (tokenized while the first turn ran) gives what tokenizing it on arrival
+    // does: `node run` of the same split, alone.
+    let alone = one_process(
+        &gpt2,
+        "1,2",
+        "And the second",
+        &["--max-new-tokens", "200", "--ignore-eos"],
+    );
+    assert_eq!(reports[1]["prompt_ids"], alone["prompt_ids"]);
+    assert_eq!(reports[1]["ids"], alone["ids"]);
+    // The mutation: the first prompt's ids are not the second's.
+    assert_ne!(reports[0]["ids"], alone["ids"]);
 }
 
 #[test]
