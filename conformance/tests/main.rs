@@ -5,6 +5,7 @@
 //! - `splits`: any split gives the same ids and bit-identical hidden states at every hop.
 //! - `lookahead`: drafts scored with the next token are split-invariant on both paths, greedy and
 //!   seeded, with their mutation case.
+//! - `shard`: a stage streaming its layers from the flat shard gives the resident stage's bits.
 //! - `mutations`: a stage that drops a layer, stages out of order and a stage from another model
 //!   must each fail.
 
@@ -13,5 +14,6 @@ mod f32_goldens;
 mod int8;
 mod lookahead;
 mod mutations;
+mod shard;
 mod splits;
 mod tokenizer;

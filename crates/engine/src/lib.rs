@@ -22,7 +22,9 @@ pub use lap::{
     Hop, LapHeader, LocalRing, Member, Sent, receive_at_head, returned, send, sha256_f32,
 };
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
-pub use stages::{check_stages, load_stage, load_stages};
+pub use stages::{
+    MaxResident, check_max_resident, check_stages, load_layers, load_stage, load_stages, shard_path,
+};
 pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{
     BackendReport, Difference, Generated, HopReport, LOOKAHEAD_DRAFTS, PathChoice, SplitRun,

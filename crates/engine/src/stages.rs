@@ -3,11 +3,83 @@
 use std::sync::Arc;
 
 use daisy_gemm_int8::Backend;
-use daisy_model::{Precision, Stage};
+use std::ops::Range;
+use std::path::PathBuf;
+
+use daisy_loader::ModelConfig;
+use daisy_model::{MAX_LIVE_LAYERS, Precision, Source, Stage};
 use daisy_wire::Plan;
 
 use crate::error::{Context, Error, Result};
 use crate::open::Opened;
+
+/// How many of a stage's layers may be resident (`--max-resident-layers`): `None` holds them all;
+/// a stage with more layers than `Some(n)` streams them from its flat shard, two live at a time.
+pub type MaxResident = Option<usize>;
+
+/// Refused below the two layers a streamed stage holds live.
+pub fn check_max_resident(max: MaxResident) -> Result<()> {
+    match max {
+        Some(n) if n < MAX_LIVE_LAYERS => Err(Error::Invalid(format!(
+            "--max-resident-layers {n}: a stage that streams its layers holds {MAX_LIVE_LAYERS} \
+             live (the one running and the next), so at least {MAX_LIVE_LAYERS}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Where the flat shard of `layers` of the model `fingerprint` at `precision` is kept:
+/// `$XDG_CACHE_HOME/daisychain-infer/shards/<fingerprint>/<start>-<end>-<precision>.shard`.
+pub fn shard_path(
+    fingerprint: &[u8; 32],
+    layers: &Range<usize>,
+    precision: Precision,
+) -> Result<PathBuf> {
+    let base = dirs::cache_dir().ok_or_else(|| {
+        Error::Invalid("no cache folder for the layer shard (set XDG_CACHE_HOME)".to_string())
+    })?;
+    Ok(base
+        .join("daisychain-infer/shards")
+        .join(hex::encode(fingerprint))
+        .join(format!(
+            "{}-{}-{}.shard",
+            layers.start,
+            layers.end,
+            precision.name()
+        )))
+}
+
+/// Load layers `layers` (the head's tensors too when `head`) from `source`, streamed from the
+/// layers' shard when there are more than `max` of them.
+pub fn load_layers(
+    source: &dyn Source,
+    cfg: &ModelConfig,
+    layers: Range<usize>,
+    head: bool,
+    precision: Precision,
+    max: MaxResident,
+) -> Result<Stage> {
+    check_max_resident(max)?;
+    let stage = match max {
+        Some(n) if layers.len() > n => {
+            let path = shard_path(&source.fingerprint(), &layers, precision)?;
+            let (stage, reused) =
+                Stage::load_streamed(source, cfg, layers.clone(), head, precision, &path)?;
+            eprintln!(
+                "layers {layers:?} stream from {} ({}), {MAX_LIVE_LAYERS} live at a time",
+                path.display(),
+                if reused {
+                    "the shard was there already"
+                } else {
+                    "written now"
+                }
+            );
+            stage
+        }
+        _ => Stage::load(source, cfg, layers, head, precision)?,
+    };
+    Ok(stage)
+}
 
 /// Load stage `index` of `plan` (the head's tensors too when it is 0) with `backend`.
 pub fn load_stage(
@@ -16,17 +88,19 @@ pub fn load_stage(
     index: usize,
     precision: Precision,
     backend: &Arc<dyn Backend>,
+    max: MaxResident,
 ) -> Result<Stage> {
     let span = plan
         .stages()
         .get(index)
         .ok_or_else(|| Error::Invalid(format!("stage {index} of a plan of {}", plan.len())))?;
-    let mut stage = Stage::load(
+    let mut stage = load_layers(
         &opened.checkpoint,
         opened.config(),
         span.layers.clone(),
         index == 0,
         precision,
+        max,
     )
     .context(|| format!("loading stage {index} (layers {:?})", span.layers))?;
     stage.set_backend(backend.clone());
@@ -39,9 +113,10 @@ pub fn load_stages(
     plan: &Plan,
     precision: Precision,
     backend: &Arc<dyn Backend>,
+    max: MaxResident,
 ) -> Result<Vec<Stage>> {
     (0..plan.len())
-        .map(|i| load_stage(opened, plan, i, precision, backend))
+        .map(|i| load_stage(opened, plan, i, precision, backend, max))
         .collect()
 }
 

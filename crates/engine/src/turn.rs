@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::lap::{Hop, LocalRing};
 use crate::open::Opened;
-use crate::stages::load_stages;
+use crate::stages::{MaxResident, load_stages};
 
 /// `--path`: which forward path a generation takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -338,7 +338,9 @@ pub struct SplitRun<'a> {
 /// Re-run the request with every layer on the head (the same path and chunks) and compare its ids
 /// with `split.ids`, and the hash of each hop of `split.hops` (the split run's first lap) with the unsplit
 /// run's at the same layer boundary (the last stage's output, at least). `solo` is the head's
-/// unsplit stage when one is loaded already; otherwise the whole model is loaded here.
+/// unsplit stage when one is loaded already; otherwise the whole model is loaded here, its layers
+/// streamed from their shard (two live at a time) when there are more than `max`.
+#[allow(clippy::too_many_arguments)]
 pub fn verify(
     opened: &Opened,
     solo: Option<&Stage>,
@@ -347,13 +349,14 @@ pub fn verify(
     prompt_ids: &[u32],
     opts: &TurnOptions,
     split: SplitRun<'_>,
+    max: MaxResident,
 ) -> Result<VerifyReport> {
     let single = Plan::single(opened.config().num_layers)?;
     let loaded;
     let stages: &[Stage] = match solo {
         Some(stage) => std::slice::from_ref(stage),
         None => {
-            loaded = load_stages(opened, &single, precision, backend)?;
+            loaded = load_stages(opened, &single, precision, backend, max)?;
             &loaded
         }
     };

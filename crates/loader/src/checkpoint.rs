@@ -477,8 +477,9 @@ impl Checkpoint {
 
     /// The tensor's bytes: as stored for safetensors; for GGUF, stored float bytes or the
     /// dequantized f32 values, with llama.cpp's Q/K row permutation undone.
-    /// Announce the tensors about to be read: a remote source fetches them ahead, adjacent
-    /// tensors coalesced into one range, one range in flight while the previous one is used.
+    /// Announce the tensors about to be read, in the order they will be read: a remote source
+    /// fetches them ahead in that order, adjacent tensors coalesced into one range, one range in
+    /// flight while the previous one is used.
     pub fn prefetch(&self, names: &[&str]) {
         let mut per_shard: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
         for info in names.iter().filter_map(|n| self.tensor(n)) {

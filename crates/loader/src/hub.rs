@@ -603,12 +603,13 @@ enum BlockData {
 /// Largest coalesced range: a bound on what one request (and the memory it fills) may hold.
 const MAX_BLOCK: u64 = 8 << 20;
 
-/// Merge `(offset, len)` ranges that touch into blocks of at most [`MAX_BLOCK`], in file order.
+/// Merge `(offset, len)` ranges that touch into blocks of at most [`MAX_BLOCK`], in the order
+/// given — the order they will be read. (File order would fetch far ahead whenever the two differ:
+/// safetensors sorts layer 10 before layer 2, so a stage read layer by layer would hold most of its
+/// fetched bytes at once.)
 fn coalesce(ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut sorted: Vec<(u64, u64)> = ranges.iter().copied().filter(|r| r.1 > 0).collect();
-    sorted.sort_unstable();
     let mut blocks: Vec<(u64, u64)> = Vec::new();
-    for (offset, len) in sorted {
+    for &(offset, len) in ranges.iter().filter(|r| r.1 > 0) {
         match blocks.last_mut() {
             Some((o, l)) if *o + *l == offset && *l + len <= MAX_BLOCK => *l += len,
             _ => blocks.push((offset, len)),
@@ -896,10 +897,15 @@ mod tests {
     }
 
     #[test]
-    fn touching_ranges_coalesce_in_file_order() {
+    fn touching_ranges_coalesce_in_read_order() {
         assert_eq!(
-            coalesce(&[(100, 50), (0, 100), (200, 10), (150, 0)]),
+            coalesce(&[(0, 100), (100, 50), (150, 0), (200, 10)]),
             vec![(0, 150), (200, 10)]
+        );
+        // Read later, fetched later: the order given is kept.
+        assert_eq!(
+            coalesce(&[(200, 10), (100, 50), (0, 100)]),
+            vec![(200, 10), (100, 50), (0, 100)]
         );
         assert_eq!(
             coalesce(&[(0, MAX_BLOCK), (MAX_BLOCK, 1)]),

@@ -9,6 +9,7 @@
 use crate::attention::{Heads, LayerCache, attention};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, gelu_new, layer_norm, rms_norm, silu};
+use crate::shard::{Put, Take};
 use crate::source::{Source, read_shaped};
 use crate::{Error, Result};
 use daisy_loader::{Arch, HiddenAct, ModelConfig};
@@ -78,6 +79,97 @@ impl Block {
                     + b.fc.bytes()
                     + b.proj.bytes()
             }
+        }
+    }
+
+    /// The layer as held, for a shard.
+    pub(crate) fn write(&self, put: &mut Put<'_>) {
+        match self {
+            Block::Llama(b) => {
+                put.u8(0);
+                put.u64(b.index as u64);
+                put.f32s(&b.input_norm);
+                b.qkv.write(put);
+                b.o.write(put);
+                put.f32s(&b.post_norm);
+                b.gate_up.write(put);
+                b.down.write(put);
+            }
+            Block::Gpt2(b) => {
+                put.u8(1);
+                put.u64(b.index as u64);
+                put.f32s(&b.ln1.0);
+                put.f32s(&b.ln1.1);
+                b.c_attn.write(put);
+                b.c_proj.write(put);
+                put.f32s(&b.ln2.0);
+                put.f32s(&b.ln2.1);
+                b.fc.write(put);
+                b.proj.write(put);
+            }
+        }
+    }
+
+    /// What [`Block::write`] wrote, checked against the model's shapes.
+    pub(crate) fn read(
+        cfg: &ModelConfig,
+        precision: Precision,
+        take: &mut Take<'_>,
+    ) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let inter = cfg.intermediate_size;
+        let norm = |take: &mut Take<'_>| -> Result<Vec<f32>> {
+            let v = take.f32s()?;
+            if v.len() != h {
+                return Err(Error::Invalid(format!(
+                    "a shard's norm of {} values, the model's hidden size is {h}",
+                    v.len()
+                )));
+            }
+            Ok(v)
+        };
+        let block = match (take.u8()?, cfg.arch) {
+            (0, Arch::Llama) => {
+                let index = take.u64()? as usize;
+                let qd = cfg.num_heads * cfg.head_dim;
+                let kvd = cfg.num_kv_heads * cfg.head_dim;
+                Block::Llama(LlamaBlock {
+                    index,
+                    input_norm: norm(take)?,
+                    qkv: Linear::read(take, precision, qd + 2 * kvd, h)?,
+                    o: Linear::read(take, precision, h, qd)?,
+                    post_norm: norm(take)?,
+                    gate_up: Linear::read(take, precision, 2 * inter, h)?,
+                    down: Linear::read(take, precision, h, inter)?,
+                })
+            }
+            (1, Arch::Gpt2) => {
+                let index = take.u64()? as usize;
+                Block::Gpt2(Gpt2Block {
+                    index,
+                    ln1: (norm(take)?, norm(take)?),
+                    c_attn: Linear::read(take, precision, 3 * h, h)?,
+                    c_proj: Linear::read(take, precision, h, h)?,
+                    ln2: (norm(take)?, norm(take)?),
+                    fc: Linear::read(take, precision, inter, h)?,
+                    proj: Linear::read(take, precision, h, inter)?,
+                })
+            }
+            (tag, arch) => {
+                return Err(Error::Invalid(format!(
+                    "a shard's layer of family {tag}, the model is {arch:?}"
+                )));
+            }
+        };
+        take.done()?;
+        Ok(block)
+    }
+
+    /// The layer's index in the model.
+    pub(crate) fn index(&self) -> usize {
+        match self {
+            Block::Llama(b) => b.index,
+            Block::Gpt2(b) => b.index,
         }
     }
 

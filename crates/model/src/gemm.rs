@@ -8,6 +8,7 @@ use daisy_gemm_int8::{
 };
 
 use crate::ops::matmul_f32;
+use crate::shard::{Put, Take};
 use crate::source::Embedding;
 use crate::{Error, Result};
 
@@ -127,6 +128,79 @@ impl Linear {
             k,
             bias: None,
         })
+    }
+
+    /// The weight as held (int8 values and scales, or f32) and the bias, for a shard.
+    pub(crate) fn write(&self, put: &mut Put<'_>) {
+        put.u64(self.n as u64);
+        put.u64(self.k as u64);
+        match &self.weight {
+            Weight::F32(w) => {
+                put.u8(0);
+                put.f32s(w);
+            }
+            Weight::Int8(p) => {
+                put.u8(1);
+                let q = p.to_quantized();
+                put.i8s(q.q());
+                put.f32s(q.scales());
+            }
+        }
+        match &self.bias {
+            None => put.u8(0),
+            Some(b) => {
+                put.u8(1);
+                put.f32s(b);
+            }
+        }
+    }
+
+    /// What [`Linear::write`] wrote, refused unless it is `n×k` at `precision` (and the int8
+    /// values and scales are the contract's: within ±127, scales finite and non-negative).
+    pub(crate) fn read(
+        take: &mut Take<'_>,
+        precision: Precision,
+        n: usize,
+        k: usize,
+    ) -> Result<Self> {
+        let bad = |why: String| Error::Invalid(format!("a shard's {n}x{k} weight: {why}"));
+        let (got_n, got_k) = (take.u64()? as usize, take.u64()? as usize);
+        if (got_n, got_k) != (n, k) {
+            return Err(bad(format!("it is {got_n}x{got_k}")));
+        }
+        let weight = match (take.u8()?, precision) {
+            (0, Precision::F32) => {
+                let w = take.f32s()?;
+                if w.len() != n * k {
+                    return Err(bad(format!("{} values", w.len())));
+                }
+                Weight::F32(w)
+            }
+            (1, Precision::Int8) => {
+                let q = take.i8s()?;
+                let scales = take.f32s()?;
+                let q = Quantized::from_parts(n, k, q, scales).map_err(|e| bad(e.to_string()))?;
+                Weight::Int8(PackedWeights::from_quantized(&q))
+            }
+            (tag, _) => {
+                return Err(bad(format!(
+                    "held as {}, the stage runs {}",
+                    if tag == 1 { "int8" } else { "f32" },
+                    precision.name()
+                )));
+            }
+        };
+        let bias = match take.u8()? {
+            0 => None,
+            _ => {
+                let b = take.f32s()?;
+                if b.len() != n {
+                    return Err(bad(format!("a bias of {}", b.len())));
+                }
+                Some(b)
+            }
+        };
+        Ok(Self { weight, n, k, bias })
     }
 
     /// Bytes held by the weight and bias.

@@ -17,6 +17,7 @@ mod generate;
 mod json;
 mod ops;
 mod sample;
+mod shard;
 mod source;
 mod stage;
 
@@ -29,5 +30,6 @@ pub use generate::{
 };
 pub use json::{JSON_TOP_K, JsonMask, JsonPrefix};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
+pub use shard::MAX_LIVE_LAYERS;
 pub use source::{RawTensor, Source};
 pub use stage::Stage;

@@ -2,6 +2,7 @@
 //! and the lm_head (tied or not). A stage loads and holds only the tensors it owns.
 
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use daisy_gemm_int8::{Backend, CpuBackend};
@@ -10,6 +11,7 @@ use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
+use crate::shard::{ShardKey, ShardWriter, Streamed};
 use crate::source::{Embedding, Source, read_shaped};
 use crate::{Error, Result};
 use daisy_loader::{Arch, ModelConfig};
@@ -29,7 +31,9 @@ pub struct Stage {
     cfg: ModelConfig,
     precision: Precision,
     layers: Range<usize>,
+    /// The layers, resident; empty when they stream from a shard.
     blocks: Vec<Block>,
+    streamed: Option<Streamed>,
     head: Option<Head>,
     inv_freq: Vec<f32>,
     fingerprint: [u8; 32],
@@ -67,11 +71,54 @@ impl Stage {
             precision,
             layers,
             blocks,
+            streamed: None,
             head,
             inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
             fingerprint: src.fingerprint(),
             backend: Arc::new(CpuBackend::new()),
         })
+    }
+
+    /// [`Stage::load`], with the layers streamed from the flat shard at `shard` (module `shard`):
+    /// at most two of them unpacked at once. A shard already there for these layers of this model
+    /// at this precision is used as it is (no layer is fetched or quantized again); otherwise each
+    /// layer is loaded, written to it and dropped, so no more than one is ever held while loading.
+    /// Returns the stage and whether the shard was there already.
+    pub fn load_streamed(
+        src: &dyn Source,
+        cfg: &ModelConfig,
+        layers: Range<usize>,
+        head: bool,
+        precision: Precision,
+        shard: &Path,
+    ) -> Result<(Self, bool)> {
+        let mut stage = Self::load(src, cfg, layers.start..layers.start, head, precision)?;
+        stage.layers = layers.clone();
+        let key = ShardKey {
+            fingerprint: src.fingerprint(),
+            precision,
+            layers: layers.clone(),
+        };
+        let found = Streamed::open(shard, &key);
+        let reused = found.is_ok();
+        let streamed = match found {
+            Ok(s) => s,
+            Err(_) => {
+                let mut writer = ShardWriter::create(shard, key.clone())?;
+                for i in layers {
+                    writer.push(&Block::load(src, cfg, i, precision)?)?;
+                }
+                writer.finish()?;
+                Streamed::open(shard, &key)?
+            }
+        };
+        stage.streamed = Some(streamed);
+        Ok((stage, reused))
+    }
+
+    /// Whether the layers stream from a shard.
+    pub fn is_streamed(&self) -> bool {
+        self.streamed.is_some()
     }
 
     /// Run this stage's int8 products on `backend` (the CPU backend by default). The caller admits
@@ -123,12 +170,13 @@ impl Stage {
                 + h.lm_head.bytes()
         });
         head + self.blocks.iter().map(Block::bytes).sum::<usize>()
+            + self.streamed.as_ref().map_or(0, Streamed::bytes)
     }
 
     /// An empty KV cache for the cached path.
     pub fn new_cache(&self) -> StageCache {
         StageCache {
-            layers: vec![LayerCache::default(); self.blocks.len()],
+            layers: vec![LayerCache::default(); self.layers.len()],
         }
     }
 
@@ -199,6 +247,9 @@ impl Stage {
                 value,
             });
         }
+        if let Some(streamed) = &self.streamed {
+            return self.forward_streamed(streamed, x, rows, pos0, cache);
+        }
         match cache {
             Some(cache) => {
                 if cache.layers.len() != self.blocks.len() {
@@ -225,6 +276,52 @@ impl Stage {
                     b.forward(&self.cfg, self.ctx(), &self.inv_freq, x, rows, pos0, None)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// [`Stage::forward`] over streamed layers: the current and the next live, the current dropped
+    /// once run.
+    fn forward_streamed(
+        &self,
+        streamed: &Streamed,
+        x: &mut [f32],
+        rows: usize,
+        pos0: usize,
+        mut cache: Option<&mut StageCache>,
+    ) -> Result<()> {
+        let n = self.layers.len();
+        if let Some(c) = &cache
+            && c.layers.len() != n
+        {
+            return Err(Error::Invalid(format!(
+                "cache of {} layers for a stage of {n}",
+                c.layers.len()
+            )));
+        }
+        let unpack =
+            |i: usize| move |check: bool| streamed.unpack(&self.cfg, self.precision, i, check);
+        for i in 0..n {
+            let block = {
+                let mut live = streamed.live();
+                let block = live.make_live(i, unpack(i))?;
+                if i + 1 < n {
+                    live.make_live(i + 1, unpack(i + 1))?;
+                }
+                block
+            };
+            let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
+            let ran = block.forward(
+                &self.cfg,
+                self.ctx(),
+                &self.inv_freq,
+                x,
+                rows,
+                pos0,
+                layer_cache,
+            );
+            streamed.live().drop_layer(i);
+            ran?;
         }
         Ok(())
     }

@@ -4,6 +4,8 @@
 //!   so its probe disagrees with every correct device.
 //! - `DAISY_TEST_DUMP_SENT=FILE`: every byte this process sends to a peer (each link frame, each
 //!   signaling message) is appended to FILE, so a test can look for a secret in it.
+//! - `DAISY_TEST_DROP_LAYER=1`: a member loads its assigned layers but the first, and runs the rest
+//!   as if they were all (a stage that silently drops a layer: Verify must catch it).
 //! - `DAISY_TEST_VERIFY_FRESH=1`: the head's Verify recomputes a turn that continued a
 //!   conversation's keys as a fresh prompt (the conversation's passes not replayed), so it must
 //!   report a mismatch: the mutation of the KV-reuse test.
@@ -59,4 +61,17 @@ pub(crate) fn dump_sent(bytes: &[u8]) {
 /// Whether Verify should ignore a conversation's history (`DAISY_TEST_VERIFY_FRESH`).
 pub(crate) fn verify_fresh() -> bool {
     std::env::var_os("DAISY_TEST_VERIFY_FRESH").is_some()
+}
+
+/// `layers` without its first when `DAISY_TEST_DROP_LAYER` is set.
+pub(crate) fn drop_a_layer(layers: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    if std::env::var_os("DAISY_TEST_DROP_LAYER").is_some() && !layers.is_empty() {
+        eprintln!(
+            "join: DAISY_TEST_DROP_LAYER is set: layer {} is dropped on purpose",
+            layers.start
+        );
+        layers.start + 1..layers.end
+    } else {
+        layers
+    }
 }

@@ -737,7 +737,7 @@ fn a_members_token_reaches_no_other_process_and_no_frame_the_head_sent() {
 }
 
 #[test]
-fn verify_says_so_when_the_head_cannot_hold_the_whole_model() {
+fn verify_says_so_when_the_head_cannot_hold_even_two_layers() {
     let gpt2 = root().join("fixtures/tiny/gpt2");
     let mut args = tiny_turn();
     args.extend(["--memory-limit", "1000"]);
@@ -745,7 +745,9 @@ fn verify_says_so_when_the_head_cannot_hold_the_whole_model() {
     assert_eq!(report["verify"], Value::Null);
     let why = report["verify_unavailable"].as_str().unwrap();
     assert!(
-        why.starts_with("verify: not run, the head cannot hold the whole model ("),
+        why.starts_with(
+            "verify: not run, the head cannot hold even the embedding and two layers ("
+        ),
         "{why}"
     );
     assert!(why.ends_with("this answer is unverified"), "{why}");
@@ -922,4 +924,133 @@ fn the_conversation_prefix_record_survives_a_restart_and_keeps_chats_apart() {
             (b1["prefix_sha256"].as_str().unwrap().to_string(), 1),
         ]
     );
+}
+
+/// The first `join: peak RSS N bytes` a member printed.
+fn member_peak_rss(err: &str) -> u64 {
+    err.lines()
+        .find_map(|l| l.strip_prefix("join: peak RSS "))
+        .and_then(|l| l.strip_suffix(" bytes"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak RSS in:\n{err}"))
+}
+
+#[test]
+fn a_member_streaming_its_layers_gives_the_same_ids_below_their_size() {
+    let model = smollm2();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    let prompt = "The capital of France is";
+    let generate = ["--max-new-tokens", "16", "--ignore-eos"];
+    let mut head_args = vec!["--stages", "2,28", "--prompt", prompt, "--format", "json"];
+    head_args.extend(generate);
+    let oracle = one_process(&model, "2,28", prompt, &generate);
+    let turn = || {
+        let mut live = Live::start(&model, &head_args, &[]);
+        live.join("member-0", None, &["--max-resident-layers", "2"], &env);
+        live.finish()
+    };
+    // The first run writes the shard; the second (a restart) finds it and reads no layer tensor.
+    for (round, how) in ["written now", "the shard was there already"]
+        .iter()
+        .enumerate()
+    {
+        let run = turn();
+        let report = run.report();
+        let err = &run.members_err[0];
+        assert!(err.contains(how), "round {round}:\n{err}");
+        assert_eq!(
+            ids_and_hops(&report),
+            ids_and_hops(&oracle),
+            "round {round}"
+        );
+        assert_eq!(report["verify"]["match"], true);
+        let shard = std::fs::read_dir(cache.path().join("daisychain-infer/shards"))
+            .unwrap()
+            .flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+            .map(|f| f.unwrap().path())
+            .next()
+            .expect("the shard in the cache folder");
+        let layers = std::fs::metadata(&shard).unwrap().len();
+        let peak = member_peak_rss(err);
+        assert!(
+            peak < layers,
+            "round {round}: the member's peak RSS {peak} is not below its layers' {layers} bytes"
+        );
+        if round == 1 {
+            // The mutation: one byte of the shard changed on disk is refused by its hash, and the
+            // turn recovers by one replay without the member.
+            let mut bytes = std::fs::read(&shard).unwrap();
+            let at = bytes.len() / 2;
+            bytes[at] ^= 0x10;
+            std::fs::write(&shard, bytes).unwrap();
+            let run = turn();
+            let report = run.report();
+            assert_eq!(report["replays"], 1, "{}", run.head_err);
+            assert!(
+                run.members_err[0].contains("does not match its SHA-256"),
+                "{}",
+                run.members_err[0]
+            );
+            assert_eq!(report["ids"], oracle["ids"]);
+        }
+    }
+}
+
+#[test]
+fn verify_beyond_the_heads_memory_streams_the_layers_and_catches_a_dropped_one() {
+    if !test_hooks() {
+        return;
+    }
+    let model = smollm2();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    // Room for the embedding and two layers, not for the whole model.
+    let args = |path: &'static str| {
+        vec![
+            "--stages",
+            "10,10,10",
+            "--prompt",
+            "The capital of France is",
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--path",
+            path,
+            "--memory-limit",
+            "60000000",
+            "--format",
+            "json",
+        ]
+    };
+    for path in ["cached", "full-window"] {
+        let run = Live::start_with(&model, &args(path), &env, &[None, None]).finish();
+        let report = run.report();
+        assert_eq!(
+            report["verify"]["match"], true,
+            "{path}: {}",
+            report["verify"]
+        );
+        assert!(
+            run.head_err
+                .contains("verify streams the layers from their shard"),
+            "{}",
+            run.head_err
+        );
+        assert_eq!(report["verify_unavailable"], Value::Null);
+    }
+    // The mutation: a member that silently drops a layer is a mismatch, with where.
+    let mut live = Live::start_with(&model, &args("cached"), &env, &[]);
+    live.join("member-0", None, &[], &[]);
+    live.join("member-1", None, &[], &[("DAISY_TEST_DROP_LAYER", "1")]);
+    let run = live.finish();
+    let report = last_json(&run.head_out);
+    assert_eq!(report["verify"]["match"], false, "{}", report["verify"]);
+    assert!(
+        report["verify"]["first_difference"]["position"].is_u64()
+            || report["verify"]["hop_difference"].is_u64(),
+        "{}",
+        report["verify"]
+    );
+    assert!(run.head_err.contains("verify failed"), "{}", run.head_err);
 }

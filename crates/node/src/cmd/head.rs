@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
-use super::options::{ComputeArgs, FormatArgs, GenerateArgs, Switch};
+use super::options::{ComputeArgs, FormatArgs, GenerateArgs, ResidencyArgs, Switch};
 use super::page::PageToken;
 use super::prefixes::{Prefixes, Seen};
 use super::view::SharedView;
@@ -81,6 +81,8 @@ pub(crate) struct Args {
     pub(crate) generate: GenerateArgs,
     #[command(flatten)]
     pub(crate) compute: ComputeArgs,
+    #[command(flatten)]
+    pub(crate) residency: ResidencyArgs,
     /// Prefill chunks around the ring at once on the cached path: the next chunk leaves the head
     /// while the previous one is still travelling (1: one at a time).
     #[arg(long, default_value_t = 2)]
@@ -488,6 +490,7 @@ async fn member_session(
 pub(crate) fn run(mut args: Args) -> Result<()> {
     let opts = args.generate.turn_options();
     opts.check()?;
+    daisy_engine::check_max_resident(args.residency.max_resident_layers)?;
     if args.max_queued == 0 {
         bail!("--max-queued 0: at least one turn must be able to wait");
     }
@@ -1007,13 +1010,14 @@ impl Ring<'_> {
         if self.head.as_ref().map(Stage::layers) != Some(want.clone()) {
             let t0 = Instant::now();
             let opened = &self.source.opened;
-            let (plan, precision, backend) = (
+            let (plan, precision, backend, max) = (
                 &self.plan,
                 self.settings.args.compute.precision,
                 &self.chosen.backend,
+                self.settings.args.residency.max_resident_layers,
             );
             let stage = tokio::task::block_in_place(|| {
-                load_stage(opened, plan, 0, precision, backend).map_err(anyhow::Error::from)
+                load_stage(opened, plan, 0, precision, backend, max).map_err(anyhow::Error::from)
             })?;
             eprintln!(
                 "head: loaded its layers {want:?} in {:.2}s",
@@ -1700,15 +1704,26 @@ impl Ring<'_> {
                 }
             );
             None
-        } else if let Some(m) = memory.filter(|&m| m < whole) {
+        } else if let Some(m) = memory.filter(|&m| {
+            m < facts.head_bytes + daisy_model::MAX_LIVE_LAYERS as u64 * facts.layer_bytes
+        }) {
             let why = format!(
-                "verify: not run, the head cannot hold the whole model ({whole} bytes of weights, \
-                 {m} available): this answer is unverified"
+                "verify: not run, the head cannot hold even the embedding and two layers ({whole} \
+                 bytes of weights in all, {m} available): this answer is unverified"
             );
             eprintln!("head: {why}");
             verify_unavailable = Some(why);
             None
         } else {
+            // Beyond the head's memory Verify streams the layers from their shard, two live.
+            let max = if memory.is_some_and(|m| m < whole) {
+                Some(daisy_model::MAX_LIVE_LAYERS)
+            } else {
+                args.residency.max_resident_layers
+            };
+            if max.is_some() {
+                eprintln!("head: verify streams the layers from their shard, two live at a time");
+            }
             // A turn cut short by a stop string is verified over the ids it produced.
             let mut opts = opts.clone();
             if generated.generation.cancelled {
@@ -1739,6 +1754,7 @@ impl Ring<'_> {
                         history: &replayed.history,
                         kept: replayed.kept,
                     },
+                    max,
                 )
             })
             .context("verify: the head could not re-run the turn with every layer")?;
@@ -1873,7 +1889,8 @@ struct RingReport {
     kept_positions: usize,
     /// This turn's conversation in the prefix record (the turns seen with its prefix so far).
     conversation: Option<Seen>,
-    /// Why Verify did not run although it was asked for (the head cannot hold the whole model).
+    /// Why Verify did not run although it was asked for (the head cannot hold even the embedding
+    /// and two layers).
     verify_unavailable: Option<String>,
     devices: Vec<String>,
     excluded: Vec<String>,

@@ -24,7 +24,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use super::options::ComputeArgs;
+use super::options::{ComputeArgs, ResidencyArgs};
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig, PendingOffer};
 use crate::signal::{JoinUrl, Role, Secret, Signal};
@@ -52,6 +52,8 @@ pub(crate) struct Args {
     model: Option<PathBuf>,
     #[command(flatten)]
     compute: ComputeArgs,
+    #[command(flatten)]
+    residency: ResidencyArgs,
 }
 
 /// What the compute thread receives.
@@ -95,6 +97,7 @@ fn read_join(args: &Args) -> Result<JoinUrl> {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
+    daisy_engine::check_max_resident(args.residency.max_resident_layers)?;
     let join = read_join(&args)?;
     let device = args
         .name
@@ -111,7 +114,11 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(member(args, join, device, chosen))
+    let result = runtime.block_on(member(args, join, device, chosen));
+    if let Some(peak) = daisy_engine::peak_rss_bytes() {
+        eprintln!("join: peak RSS {peak} bytes");
+    }
+    result
 }
 
 type Ws =
@@ -307,6 +314,7 @@ async fn member(
         join: &join,
         device: &device,
         local: args.model.as_deref(),
+        max: args.residency.max_resident_layers,
     };
     let result = serve_ring(&control, &backend, &source, &mut ring_rx).await;
     if let Err(e) = &result {
@@ -425,6 +433,8 @@ struct Source<'a> {
     device: &'a str,
     /// `--model`: a local copy to read instead of fetching.
     local: Option<&'a std::path::Path>,
+    /// `--max-resident-layers`.
+    max: daisy_engine::MaxResident,
 }
 
 /// Load the assignment's layers (or keep the ones held when they are the same), reporting progress.
@@ -446,6 +456,7 @@ async fn take_assignment(
         let base = source.join.base.clone();
         let device = source.device.to_string();
         let local = source.local.map(std::path::Path::to_path_buf);
+        let max = source.max;
         tokio::task::spawn_blocking(move || {
             load(
                 &base,
@@ -454,6 +465,7 @@ async fn take_assignment(
                 &assignment,
                 &backend,
                 progress_tx,
+                max,
             )
         })
     };
@@ -631,6 +643,7 @@ fn load(
     assignment: &Assignment,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     progress: mpsc::Sender<(u64, u64)>,
+    max: daisy_engine::MaxResident,
 ) -> Result<Stage> {
     // A repo id comes from `$HF_ENDPOINT` (the Hub); a local folder of the head's from the head.
     let endpoint = if assignment.repo().org() == "local" {
@@ -688,13 +701,23 @@ fn load(
         }));
     }
     let t0 = Instant::now();
-    checkpoint.prefetch(&names);
     let precision = if assignment.f32() {
         Precision::F32
     } else {
         Precision::Int8
     };
-    let mut stage = Stage::load(&checkpoint, &config, layers.clone(), false, precision)
+    // A shard of these layers already in the cache is read instead of the layers' tensors.
+    let streamed_from_cache = max.is_some_and(|m| layers.len() > m)
+        && daisy_engine::shard_path(&checkpoint.fingerprint(), &layers, precision)
+            .is_ok_and(|p| p.exists());
+    if !streamed_from_cache {
+        checkpoint.prefetch(&names);
+    }
+    #[cfg(feature = "test-hooks")]
+    let built = crate::test_hooks::drop_a_layer(layers.clone());
+    #[cfg(not(feature = "test-hooks"))]
+    let built = layers.clone();
+    let mut stage = daisy_engine::load_layers(&checkpoint, &config, built, false, precision, max)
         .with_context(|| format!("loading layers {layers:?}"))?;
     bar.finish_and_clear();
     stage.set_backend(backend.clone());

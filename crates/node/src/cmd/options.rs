@@ -59,6 +59,16 @@ impl ComputeArgs {
     }
 }
 
+/// How much of a stage stays in memory (`run`, `head`, `join`).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub(crate) struct ResidencyArgs {
+    /// Hold at most N of a stage's layers in memory (at least 2): a stage with more streams them
+    /// from its flat shard in the cache folder (written on the first load, used as it is after),
+    /// two unpacked at a time — the same bits, for a stage whose layers do not fit in RAM.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_resident_layers: Option<usize>,
+}
+
 /// The generation options of a turn (`run`, `demo`).
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct GenerateArgs {

@@ -13,7 +13,7 @@ use daisy_engine::{
 use daisy_tokenizer::Message as ChatMessage;
 use daisy_wire::Plan;
 
-use super::options::{ComputeArgs, FormatArgs, GenerateArgs};
+use super::options::{ComputeArgs, FormatArgs, GenerateArgs, ResidencyArgs};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -30,6 +30,8 @@ pub(crate) struct Args {
     stages: Option<Vec<usize>>,
     #[command(flatten)]
     compute: ComputeArgs,
+    #[command(flatten)]
+    residency: ResidencyArgs,
     /// Rerun the prompt unsplit on the head and compare the ids.
     #[arg(long)]
     verify: bool,
@@ -51,6 +53,7 @@ pub(crate) fn prompt(text: &str, chat: bool) -> Prompt {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let opts = args.generate.turn_options();
+    daisy_engine::check_max_resident(args.residency.max_resident_layers)?;
     opts.check()?;
     let t0 = Instant::now();
     let opened = super::open(&args.model)?;
@@ -68,7 +71,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     // Everything is validated; only now is a backend set up (a GPU's gates take a moment).
     let chosen = super::backend(args.compute.backend)?;
     let precision = args.compute.precision;
-    let stages = load_stages(&opened, &plan, precision, &chosen.backend)?;
+    let max = args.residency.max_resident_layers;
+    let stages = load_stages(&opened, &plan, precision, &chosen.backend, max)?;
     check_stages(&plan, &stages)?;
     let load_s = t0.elapsed().as_secs_f64();
     eprintln!(
@@ -125,6 +129,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 history: &[],
                 kept: 0,
             },
+            max,
         )?;
         if !json || !report.matched {
             eprintln!("{}", report.summary());
