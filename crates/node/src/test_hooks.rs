@@ -75,3 +75,74 @@ pub(crate) fn drop_a_layer(layers: std::ops::Range<usize>) -> std::ops::Range<us
         layers
     }
 }
+
+/// `DAISY_TEST_BAD_FRAME=KIND`: a member sends its second activation of the first turn bad, once —
+/// `hash` (one bit of the data flipped, the integrity hash left as it was), `replay` (the bytes of
+/// its previous activation again), `stage` (addressed to another stage) or `garbage` (bytes that are
+/// no message) — so a test can show the receiver refuses each by name.
+pub(crate) struct BadFrame {
+    kind: String,
+    previous: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl BadFrame {
+    pub(crate) fn from_env() -> Option<Self> {
+        let kind = std::env::var("DAISY_TEST_BAD_FRAME").ok()?;
+        eprintln!("join: DAISY_TEST_BAD_FRAME={kind}: one activation will be bad on purpose");
+        Some(Self {
+            kind,
+            previous: None,
+            done: false,
+        })
+    }
+
+    /// What goes on the wire in place of `bytes`.
+    pub(crate) fn send(&mut self, bytes: Vec<u8>) -> Vec<u8> {
+        if self.done {
+            return bytes;
+        }
+        let Some(previous) = self.previous.replace(bytes.clone()) else {
+            return bytes;
+        };
+        self.done = true;
+        match self.kind.as_str() {
+            "hash" => {
+                // The middle of the message is f32 data; its lowest bit keeps the value finite.
+                let mut b = bytes;
+                let middle = b.len() / 2;
+                b[middle] ^= 1;
+                b
+            }
+            "replay" => previous,
+            "garbage" => vec![0xA5; bytes.len()],
+            "stage" => {
+                let Ok(daisy_wire::Message::Activation(act)) = daisy_wire::decode(&bytes) else {
+                    return bytes;
+                };
+                let fingerprint = act.fingerprint().clone();
+                let (turn, lap, hop, positions, rows, cols) = (
+                    act.turn(),
+                    act.lap(),
+                    act.hop(),
+                    act.positions(),
+                    act.rows(),
+                    act.cols(),
+                );
+                let moved = daisy_wire::Activation::new(
+                    turn,
+                    lap,
+                    hop.saturating_sub(1),
+                    positions,
+                    rows,
+                    cols,
+                    act.into_data(),
+                    fingerprint,
+                )
+                .expect("the same activation, another hop");
+                daisy_wire::encode(&daisy_wire::Message::Activation(moved))
+            }
+            other => panic!("DAISY_TEST_BAD_FRAME={other}: hash, replay, stage or garbage"),
+        }
+    }
+}

@@ -1054,3 +1054,41 @@ fn verify_beyond_the_heads_memory_streams_the_layers_and_catches_a_dropped_one()
     );
     assert!(run.head_err.contains("verify failed"), "{}", run.head_err);
 }
+
+#[test]
+fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
+    if !test_hooks() {
+        return;
+    }
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let args = tiny_turn();
+    let oracle = one_process(
+        &gpt2,
+        "1,2",
+        "Hello",
+        &["--max-new-tokens", "4", "--ignore-eos"],
+    );
+    for (kind, named) in [
+        ("hash", "activation integrity hash"),
+        ("replay", "the head expected"),
+        ("stage", "is addressed to"),
+        ("garbage", "the head refused its activation"),
+    ] {
+        let mut live = Live::start(&gpt2, &args, &[]);
+        live.join("member-0", None, &[], &[("DAISY_TEST_BAD_FRAME", kind)]);
+        let run = live.finish();
+        let report = run.report();
+        let refused = run
+            .head_err
+            .lines()
+            .find(|l| l.contains("the head refused its activation"))
+            .unwrap_or_else(|| panic!("{kind}: no refusal in\n{}", run.head_err));
+        assert!(
+            refused.contains("member-0") && refused.contains(named),
+            "{kind}: {refused}"
+        );
+        assert_eq!(report["replays"], 1, "{kind}");
+        assert_eq!(report["verify"]["match"], true, "{kind}");
+        assert_eq!(report["ids"], oracle["ids"], "{kind}");
+    }
+}

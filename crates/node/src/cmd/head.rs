@@ -1351,6 +1351,7 @@ impl Ring<'_> {
         let (to_ring, back) = (&self.to_ring, &self.back);
         let opened = &self.source.opened;
         let first = self.members.first().map(|m| m.device.clone());
+        let last = self.members.last().map(|m| m.device.clone());
         let in_ring: Vec<String> = self.members.iter().map(|m| m.device.clone()).collect();
         let in_flight = self.settings.args.in_flight.max(1);
         if reuse && self.conversation.is_none() {
@@ -1381,14 +1382,25 @@ impl Ring<'_> {
                 loop {
                     match back.recv_timeout(wait) {
                         Ok(Back::Lap(bytes)) => {
-                            let (got, data) = returned(plan, head, &bytes)?;
+                            // The last stage sent what comes back: a frame the head refuses is
+                            // that member's doing, and the turn replays without it.
+                            let refuse = |e: daisy_engine::Error| {
+                                if let Some(device) = &last {
+                                    *culprit.borrow_mut() = Some((
+                                        device.clone(),
+                                        format!("the head refused its activation: {e:#}"),
+                                    ));
+                                }
+                                e
+                            };
+                            let (got, data) = returned(plan, head, &bytes).map_err(refuse)?;
                             if got.turn != turn {
                                 continue;
                             }
                             if got != header {
-                                return Err(daisy_engine::Error::Invalid(format!(
+                                return Err(refuse(daisy_engine::Error::Invalid(format!(
                                     "the head expected {header:?} back and got {got:?}"
-                                )));
+                                ))));
                             }
                             let took = t.elapsed();
                             if header.lap > 0 {

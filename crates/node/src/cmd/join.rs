@@ -784,6 +784,8 @@ fn compute(
     let member = std::cell::RefCell::new(Member::new(&plan, index, &stage));
     let mut turns: HashMap<u64, bool> = HashMap::new();
     let mut waiting: Vec<Vec<u8>> = Vec::new();
+    #[cfg(feature = "test-hooks")]
+    let mut bad = crate::test_hooks::BadFrame::from_env();
     let mut step = |bytes: &[u8], turn: u64, cached: bool| -> Result<()> {
         let t0 = std::time::Instant::now();
         let sent = member.borrow_mut().step(bytes, cached)?;
@@ -796,6 +798,14 @@ fn compute(
                 sha256: daisy_wire::Hash(hop.sha256),
             });
         }
+        #[cfg(feature = "test-hooks")]
+        let sent = daisy_engine::Sent {
+            bytes: match bad.as_mut() {
+                Some(b) => b.send(sent.bytes),
+                None => sent.bytes,
+            },
+            ..sent
+        };
         // With the link to the next stage gone, the head replans; nothing to report here.
         let _ = out.blocking_send(sent.bytes);
         Ok(())
