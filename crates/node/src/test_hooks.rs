@@ -120,7 +120,7 @@ impl BadFrame {
                 let Ok(daisy_wire::Message::Activation(act)) = daisy_wire::decode(&bytes) else {
                     return bytes;
                 };
-                let fingerprint = act.fingerprint().clone();
+                let fingerprint = *act.fingerprint();
                 let (turn, lap, hop, positions, rows, cols) = (
                     act.turn(),
                     act.lap(),
