@@ -153,19 +153,23 @@ pub(crate) struct Link {
     inbound: Mutex<mpsc::Receiver<Result<Vec<u8>, String>>>,
     next_id: AtomicU64,
     sent: AtomicU64,
+    /// Messages the peer began sending on this link and has not finished (frames reassembling).
+    partial: Arc<AtomicU64>,
     pump: JoinHandle<()>,
 }
 
 impl Link {
     fn start(conn: Conn, dc: Arc<dyn DataChannel>) -> Self {
         let (tx, rx) = mpsc::channel(RECV_QUEUE);
-        let pump = tokio::spawn(pump(dc.clone(), conn.state.clone(), tx));
+        let partial = Arc::new(AtomicU64::new(0));
+        let pump = tokio::spawn(pump(dc.clone(), conn.state.clone(), tx, partial.clone()));
         Self {
             conn,
             dc,
             inbound: Mutex::new(rx),
             next_id: AtomicU64::new(0),
             sent: AtomicU64::new(0),
+            partial,
             pump,
         }
     }
@@ -174,10 +178,16 @@ impl Link {
     /// send buffer is full. Fails once the channel is closed or the connection failed.
     pub(crate) async fn send(&self, message: &[u8]) -> Result<()> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frames = split(id, message)?;
+        #[cfg(feature = "test-hooks")]
+        let raw = crate::test_hooks::raw_frames(id, message);
+        #[cfg(not(feature = "test-hooks"))]
+        let raw: Option<Vec<Vec<u8>>> = None;
+        let frames = match raw {
+            Some(raw) => raw,
+            None => split(id, message)?.iter().map(|f| f.to_bytes()).collect(),
+        };
         let mut state = self.conn.state.clone();
-        for frame in frames {
-            let bytes = frame.to_bytes();
+        for bytes in frames {
             #[cfg(feature = "test-hooks")]
             crate::test_hooks::dump_sent(&bytes);
             let n = bytes.len() as u64;
@@ -199,6 +209,11 @@ impl Link {
             .recv()
             .await
             .map(|r| r.map_err(|e| anyhow!(e)))
+    }
+
+    /// Messages the peer began and has not finished sending on this link.
+    pub(crate) fn partial(&self) -> u64 {
+        self.partial.load(Ordering::Relaxed)
     }
 
     /// Bytes sent so far, frame headers included.
@@ -224,12 +239,15 @@ async fn pump(
     dc: Arc<dyn DataChannel>,
     mut state: watch::Receiver<RTCPeerConnectionState>,
     tx: mpsc::Sender<Result<Vec<u8>, String>>,
+    partial: Arc<AtomicU64>,
 ) {
     let mut frames = Reassembler::new(DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_IN_FLIGHT);
     loop {
         tokio::select! {
             event = dc.poll() => match event {
-                Some(DataChannelEvent::OnMessage(msg)) => match frames.push(&msg.data) {
+                Some(DataChannelEvent::OnMessage(msg)) => match frames.push(&msg.data).inspect(|_| {
+                    partial.store(frames.in_flight() as u64, Ordering::Relaxed);
+                }) {
                     Ok(Some(message)) => {
                         if tx.send(Ok(message)).await.is_err() {
                             return;

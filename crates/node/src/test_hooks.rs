@@ -76,13 +76,16 @@ pub(crate) fn drop_a_layer(layers: std::ops::Range<usize>) -> std::ops::Range<us
     }
 }
 
-/// `DAISY_TEST_BAD_FRAME=KIND`: a member sends its second activation of the first turn bad, once —
+/// `DAISY_TEST_BAD_FRAME=KIND`: a member sends its third activation of the first turn bad, once —
 /// `hash` (one bit of the data flipped, the integrity hash left as it was), `replay` (the bytes of
-/// its previous activation again), `stage` (addressed to another stage) or `garbage` (bytes that are
-/// no message) — so a test can show the receiver refuses each by name.
+/// its previous activation again), `stage` (addressed to another stage), `garbage` (bytes that are
+/// no message) or `unfinished` (the first frame of a two-frame message, and never the second) — so
+/// a test can show the receiver refuses each by name. (A frame over the size limit cannot be sent:
+/// the data channel refuses it before it leaves; the wire's frame tests refuse it on receipt.)
 pub(crate) struct BadFrame {
     kind: String,
     previous: Option<Vec<u8>>,
+    sent: usize,
     done: bool,
 }
 
@@ -93,16 +96,20 @@ impl BadFrame {
         Some(Self {
             kind,
             previous: None,
+            sent: 0,
             done: false,
         })
     }
 
-    /// What goes on the wire in place of `bytes`.
+    /// What goes on the wire in place of `bytes`: the third activation is the bad one (by then a
+    /// decode lap has come back, so the head's stall timeout is its short one).
     pub(crate) fn send(&mut self, bytes: Vec<u8>) -> Vec<u8> {
         if self.done {
             return bytes;
         }
-        let Some(previous) = self.previous.replace(bytes.clone()) else {
+        self.sent += 1;
+        let previous = self.previous.replace(bytes.clone());
+        let Some(previous) = previous.filter(|_| self.sent == 3) else {
             return bytes;
         };
         self.done = true;
@@ -116,6 +123,7 @@ impl BadFrame {
             }
             "replay" => previous,
             "garbage" => vec![0xA5; bytes.len()],
+            "unfinished" => [RAW_MARK, self.kind.as_bytes()].concat(),
             "stage" => {
                 let Ok(daisy_wire::Message::Activation(act)) = daisy_wire::decode(&bytes) else {
                     return bytes;
@@ -142,7 +150,26 @@ impl BadFrame {
                 .expect("the same activation, another hop");
                 daisy_wire::encode(&daisy_wire::Message::Activation(moved))
             }
-            other => panic!("DAISY_TEST_BAD_FRAME={other}: hash, replay, stage or garbage"),
+            other => {
+                panic!("DAISY_TEST_BAD_FRAME={other}: hash, replay, stage, garbage or unfinished")
+            }
         }
     }
+}
+
+/// What [`BadFrame`] puts in a message that the link must send as raw frames of its own making.
+const RAW_MARK: &[u8] = b"DAISY-TEST-RAW-FRAMES:";
+
+/// The frames a link sends for `message` when [`BadFrame`] marked it: the first of two frames
+/// alone.
+pub(crate) fn raw_frames(id: u64, message: &[u8]) -> Option<Vec<Vec<u8>>> {
+    message.strip_prefix(RAW_MARK)?;
+    let frame = daisy_wire::Frame {
+        message_id: id,
+        index: 0,
+        count: 2,
+        total_len: 2 * daisy_wire::MAX_FRAME_PAYLOAD as u64,
+        payload: vec![0u8; daisy_wire::MAX_FRAME_PAYLOAD],
+    };
+    Some(vec![frame.to_bytes()])
 }

@@ -1061,18 +1061,21 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
         return;
     }
     let gpt2 = root().join("fixtures/tiny/gpt2");
-    let args = tiny_turn();
+    // Five tokens: the third activation, the bad one, is a decode lap's.
+    let mut args = tiny_turn();
+    args[5] = "5";
     let oracle = one_process(
         &gpt2,
         "1,2",
         "Hello",
-        &["--max-new-tokens", "4", "--ignore-eos"],
+        &["--max-new-tokens", "5", "--ignore-eos"],
     );
     for (kind, named) in [
         ("hash", "activation integrity hash"),
         ("replay", "the head expected"),
         ("stage", "is addressed to"),
         ("garbage", "the head refused its activation"),
+        ("unfinished", "on a message it began and never finished"),
     ] {
         let mut live = Live::start(&gpt2, &args, &[]);
         live.join("member-0", None, &[], &[("DAISY_TEST_BAD_FRAME", kind)]);
@@ -1081,7 +1084,7 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
         let refused = run
             .head_err
             .lines()
-            .find(|l| l.contains("the head refused its activation"))
+            .find(|l| l.contains("failed mid-turn"))
             .unwrap_or_else(|| panic!("{kind}: no refusal in\n{}", run.head_err));
         assert!(
             refused.contains("member-0") && refused.contains(named),

@@ -894,11 +894,13 @@ impl Ring<'_> {
         d
     }
 
-    fn stall_timeout(&self) -> Duration {
-        if self.slowest_lap.is_zero() {
+    /// How long a lap may take when the slowest decode lap so far took `slowest` (none yet: the
+    /// first lap's allowance).
+    fn stall_timeout(slowest: Duration) -> Duration {
+        if slowest.is_zero() {
             FIRST_LAP_TIMEOUT
         } else {
-            (self.slowest_lap * STALL_FACTOR).max(MIN_STALL)
+            (slowest * STALL_FACTOR).max(MIN_STALL)
         }
     }
 
@@ -1344,7 +1346,6 @@ impl Ring<'_> {
         let mut lap_ms = Vec::new();
         let culprit: std::cell::RefCell<Option<(String, String)>> = std::cell::RefCell::new(None);
         let mut stalled = false;
-        let timeout = self.stall_timeout();
         let mut slowest = self.slowest_lap;
         let plan = &self.plan;
         let head = self.head.as_ref().expect("established");
@@ -1374,10 +1375,11 @@ impl Ring<'_> {
                                  t: Instant,
                                  head_ms: f64|
              -> daisy_engine::Result<Vec<f32>> {
+                // From the slowest decode lap so far, this turn's included.
                 let wait = if header.lap == 0 {
-                    FIRST_LAP_TIMEOUT.max(timeout)
+                    FIRST_LAP_TIMEOUT.max(Self::stall_timeout(slowest))
                 } else {
-                    timeout
+                    Self::stall_timeout(slowest)
                 };
                 loop {
                     match back.recv_timeout(wait) {
@@ -1511,6 +1513,16 @@ impl Ring<'_> {
             Err(e) => {
                 if let Some((device, why)) = culprit.into_inner() {
                     return Err(Failure::Member { device, why });
+                }
+                // A message the last member began on the return link and never finished.
+                if stalled
+                    && let (Some(link), Some(m)) = (self.links.get(1), self.members.last())
+                    && link.partial() > 0
+                {
+                    return Err(Failure::member(
+                        &m.device,
+                        format!("a lap stalled ({e}) on a message it began and never finished"),
+                    ));
                 }
                 if stalled && let Some(device) = self.find_stalled().await {
                     return Err(Failure::member(
