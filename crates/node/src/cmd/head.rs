@@ -1792,6 +1792,8 @@ impl Ring<'_> {
         });
         let failed = verified.as_ref().is_some_and(|v| !v.matched);
         if let Sink::Client(tx) = &job.sink {
+            // The ring is free before the client hears the answer is complete.
+            self.shared.view.state("ready");
             let _ = tx.send(Streamed::Done(Box::new(Finished {
                 text,
                 prompt_tokens: prompt_ids.len(),
