@@ -49,27 +49,22 @@ fn a_streamed_stage_equals_the_resident_one() {
             let path = dir
                 .path()
                 .join(format!("{name}-{}.shard", precision.name()));
-            let (streamed, reused) = Stage::load_streamed(
-                &model.checkpoint,
-                &model.config,
-                1..n,
-                false,
-                precision,
-                &path,
-            )
-            .unwrap();
+            let load = || {
+                Stage::load_streamed(
+                    &model.checkpoint,
+                    &model.config,
+                    1..n,
+                    false,
+                    precision,
+                    &path,
+                )
+                .unwrap()
+            };
+            let (streamed, reused) = load();
             assert!(!reused && streamed.is_streamed());
             same_bits(&model, &resident, &streamed, &what);
             // A restart: the shard is there, so it is used as it is.
-            let (again, reused) = Stage::load_streamed(
-                &model.checkpoint,
-                &model.config,
-                1..n,
-                false,
-                precision,
-                &path,
-            )
-            .unwrap();
+            let (again, reused) = load();
             assert!(reused, "{what}: the shard was written again");
             same_bits(&model, &resident, &again, &what);
             // The mutation: a stage of other layers is not these bits.

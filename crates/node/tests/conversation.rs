@@ -11,18 +11,9 @@ mod common;
 use common::{Served, smollm2};
 use serde_json::{Value, json};
 
-/// `POST /v1/chat/completions` with `body`; the reply's JSON (status 200 asserted).
+/// `POST /v1/chat/completions` with `body`; the reply's JSON.
 fn chat(client: &reqwest::blocking::Client, base: &str, body: &Value) -> Value {
-    let reply = client
-        .post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .expect("the head answers");
-    let status = reply.status();
-    let text = reply.text().expect("a body");
-    assert!(status.is_success(), "{status}: {text}");
-    serde_json::from_str(&text).expect("JSON")
+    common::post_json(client, base, "/v1/chat/completions", body)
 }
 
 const QUESTIONS: [&str; 3] = [
@@ -40,11 +31,7 @@ fn three_turns(head_args: &[&str], env: &[(&str, &str)]) -> (Vec<Value>, Vec<Str
     served.join("member-1");
     served.join("member-2");
     served.wait_for("head: the ring is connected");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .unwrap();
+    let client = common::http_client();
     let mut messages: Vec<Value> = Vec::new();
     let mut replies = Vec::new();
     for q in QUESTIONS {

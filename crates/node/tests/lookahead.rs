@@ -22,18 +22,9 @@ const PROMPTS: [&str; 10] = [
     "Explain in one sentence why the sky is blue.",
 ];
 
-/// `POST /v1/completions` with `body`; the reply's JSON (status 200 asserted).
+/// `POST /v1/completions` with `body`; the reply's JSON.
 fn complete(client: &reqwest::blocking::Client, base: &str, body: &Value) -> Value {
-    let reply = client
-        .post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .expect("the head answers");
-    let status = reply.status();
-    let text = reply.text().expect("a body");
-    assert!(status.is_success(), "{status}: {text}");
-    serde_json::from_str(&text).expect("JSON")
+    common::post_json(client, base, "/v1/completions", body)
 }
 
 #[test]
@@ -43,12 +34,7 @@ fn lookahead_over_three_processes_gives_the_ids_of_one_process() {
     served.join("member-1");
     served.join("member-2");
     served.wait_for("head: the ring is connected");
-    // Plain HTTP to the head; reqwest still wants a TLS provider chosen.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(300))
-        .build()
-        .unwrap();
+    let client = common::http_client();
     let max_tokens = 16;
     let mut summary = Vec::new();
     for path in ["cached", "full-window"] {

@@ -248,3 +248,31 @@ pub(crate) fn gated_mirror(dir: &std::path::Path, tokens: &[&str], procs: &mut P
         .unwrap()
         .to_string()
 }
+
+/// A blocking HTTP client for the head's API (plain HTTP; reqwest still wants a TLS provider).
+pub(crate) fn http_client() -> reqwest::blocking::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
+/// `POST {base}{path}` with the JSON `body`; the reply's JSON (status 200 asserted).
+pub(crate) fn post_json(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    path: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let reply = client
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .expect("the head answers");
+    let status = reply.status();
+    let text = reply.text().expect("a body");
+    assert!(status.is_success(), "{status}: {text}");
+    serde_json::from_str(&text).expect("JSON")
+}
