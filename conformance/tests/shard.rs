@@ -1,7 +1,9 @@
 //! The flat parameter shard (issue 18, acceptance 4): a stage whose layers stream from their shard
 //! file, two live at a time, gives the resident stage's bits on the full window and on one chunk
 //! of the cached path, for every tiny model at both precisions and for SmolLM2 in int8; a restart
-//! reuses the shard without loading a layer; and a shard cut short or changed is refused by name.
+//! reuses the shard without loading a layer; a resident stage written to its shard and mapped back
+//! (the restart of a ring stage) gives the same bits with its arrays borrowed in place; and a shard
+//! cut short or changed is refused by name (and removed, so the next start writes it again).
 
 use daisy_conformance::{Model, TINY, smollm2_dir};
 use daisy_model::{Precision, Stage};
@@ -80,6 +82,42 @@ fn a_streamed_stage_equals_the_resident_one() {
 }
 
 #[test]
+fn a_mapped_stage_equals_the_resident_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in TINY {
+        let model = Model::tiny(name).unwrap();
+        let n = model.config.num_layers;
+        for precision in [Precision::Int8, Precision::F32] {
+            let what = format!("{name} {}", precision.name());
+            let path = dir
+                .path()
+                .join(format!("{name}-{}.shard", precision.name()));
+            let map = || {
+                Stage::load_mapped(
+                    &model.checkpoint,
+                    &model.config,
+                    1..n,
+                    false,
+                    precision,
+                    &path,
+                )
+                .unwrap()
+            };
+            assert!(map().is_none(), "{what}: mapped before it was written");
+            let resident = model.stage(1..n, false, precision).unwrap();
+            resident.write_shard(&path).unwrap();
+            let mapped = map().expect("the shard just written");
+            assert!(mapped.is_mapped() && !resident.is_mapped());
+            same_bits(&model, &resident, &mapped, &what);
+            // The mutation: a shard of other layers is not mapped as these.
+            let other = model.stage(0..n - 1, false, precision).unwrap();
+            other.write_shard(&path).unwrap();
+            assert!(map().is_none(), "{what}: another range's shard was mapped");
+        }
+    }
+}
+
+#[test]
 fn smollm2_streams_its_layers_bit_for_bit() {
     let model = Model::open(&smollm2_dir()).expect("SmolLM2 fixture");
     let dir = tempfile::tempdir().unwrap();
@@ -94,6 +132,19 @@ fn smollm2_streams_its_layers_bit_for_bit() {
     )
     .unwrap();
     same_bits(&model, &resident, &streamed, "SmolLM2 layers 10..20");
+    let path = dir.path().join("smollm2-resident.shard");
+    resident.write_shard(&path).unwrap();
+    let mapped = Stage::load_mapped(
+        &model.checkpoint,
+        &model.config,
+        10..20,
+        false,
+        Precision::Int8,
+        &path,
+    )
+    .unwrap()
+    .expect("the shard just written");
+    same_bits(&model, &resident, &mapped, "SmolLM2 layers 10..20, mapped");
 }
 
 #[test]
@@ -133,4 +184,32 @@ fn a_shard_cut_short_or_changed_is_refused() {
     let mut x = vec![0.25f32; 2 * h];
     let e = stage.forward(&mut x, 2, 0, None).unwrap_err().to_string();
     assert!(e.contains("does not match its SHA-256"), "{e}");
+    assert!(!path.exists(), "a shard that failed its hash was kept");
+    // The same, mapped by a resident stage: refused on first use, and removed.
+    std::fs::write(&path, &changed).unwrap();
+    let mapped = Stage::load_mapped(
+        &model.checkpoint,
+        &model.config,
+        0..n,
+        false,
+        Precision::Int8,
+        &path,
+    )
+    .unwrap()
+    .expect("a shard whose header and size agree is mapped");
+    let e = mapped.forward(&mut x, 2, 0, None).unwrap_err().to_string();
+    assert!(e.contains("does not match its SHA-256"), "{e}");
+    assert!(!path.exists(), "a shard that failed its hash was kept");
+    // Cut short: not mapped at all.
+    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    let cut = Stage::load_mapped(
+        &model.checkpoint,
+        &model.config,
+        0..n,
+        false,
+        Precision::Int8,
+        &path,
+    )
+    .unwrap();
+    assert!(cut.is_none(), "a truncated shard was mapped");
 }

@@ -34,12 +34,20 @@ struct Source {
     derive: fn(&[Figure]) -> Vec<Figure>,
 }
 
-const SOURCES: &[Source] = &[Source {
-    package: "daisy-gemm-int8",
-    bench: "gemm",
-    elements: |_| ("GOP/s", 1e9),
-    derive: gemm_derived,
-}];
+const SOURCES: &[Source] = &[
+    Source {
+        package: "daisy-gemm-int8",
+        bench: "gemm",
+        elements: |_| ("GOP/s", 1e9),
+        derive: gemm_derived,
+    },
+    Source {
+        package: "daisy-conformance",
+        bench: "shard",
+        elements: |_| ("", 1.0),
+        derive: shard_derived,
+    },
+];
 
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let mut json = false;
@@ -197,6 +205,25 @@ fn figure(source: &Source, new_dir: &Path) -> anyhow::Result<Figure> {
         (mean_ns / 1e6, "ms".to_string())
     };
     Ok(Figure { name, value, unit })
+}
+
+/// The flat shard's restart as a multiple of reading the shard file (issue 18 asks ≤ 1.5): ready
+/// (mapped), and ready with every layer's hash checked by a first pass.
+fn shard_derived(figures: &[Figure]) -> Vec<Figure> {
+    let ms = |name: &str| figures.iter().find(|f| f.name == name).map(|f| f.value);
+    let Some(read) = ms("shard/read-file") else {
+        return Vec::new();
+    };
+    ["restart-mapped", "restart-and-first-pass"]
+        .iter()
+        .filter_map(|what| {
+            ms(&format!("shard/{what}")).map(|t| Figure {
+                name: format!("shard/{what}/of-read-file"),
+                value: t / read,
+                unit: "x".into(),
+            })
+        })
+        .collect()
 }
 
 /// The gemm-int8 targets: prefill (t ≥ 64) as a fraction of the measured int8 peak, and the decode

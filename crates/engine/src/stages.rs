@@ -50,7 +50,9 @@ pub fn shard_path(
 }
 
 /// Load layers `layers` (the head's tensors too when `head`) from `source`, streamed from the
-/// layers' shard when there are more than `max` of them.
+/// layers' shard when there are more than `max` of them. With `keep`, resident int8 layers (two or
+/// more) are mapped from their shard when one is there, and written to it after loading otherwise,
+/// so the next start is ready without fetching or quantizing them again.
 pub fn load_layers(
     source: &dyn Source,
     cfg: &ModelConfig,
@@ -58,11 +60,13 @@ pub fn load_layers(
     head: bool,
     precision: Precision,
     max: MaxResident,
+    keep: bool,
 ) -> Result<Stage> {
     check_max_resident(max)?;
+    let path = || shard_path(&source.fingerprint(), &layers, precision);
     let stage = match max {
         Some(n) if layers.len() > n => {
-            let path = shard_path(&source.fingerprint(), &layers, precision)?;
+            let path = path()?;
             let (stage, reused) =
                 Stage::load_streamed(source, cfg, layers.clone(), head, precision, &path)?;
             eprintln!(
@@ -74,6 +78,32 @@ pub fn load_layers(
                     "written now"
                 }
             );
+            stage
+        }
+        _ if keep && precision == Precision::Int8 && layers.len() >= 2 => {
+            let path = path()?;
+            let t0 = std::time::Instant::now();
+            if let Some(stage) =
+                Stage::load_mapped(source, cfg, layers.clone(), head, precision, &path)?
+            {
+                eprintln!(
+                    "layers {layers:?} mapped from {} in {:.3}s (the shard was there already)",
+                    path.display(),
+                    t0.elapsed().as_secs_f64()
+                );
+                return Ok(stage);
+            }
+            let stage = Stage::load(source, cfg, layers.clone(), head, precision)?;
+            let t0 = std::time::Instant::now();
+            match stage.write_shard(&path) {
+                Ok(()) => eprintln!(
+                    "layers {layers:?} written to {} in {:.2}s, for the next start",
+                    path.display(),
+                    t0.elapsed().as_secs_f64()
+                ),
+                // The stage runs as it is; only the next start is slower.
+                Err(e) => eprintln!("layers {layers:?} not kept for the next start: {e}"),
+            }
             stage
         }
         _ => Stage::load(source, cfg, layers, head, precision)?,
@@ -89,6 +119,7 @@ pub fn load_stage(
     precision: Precision,
     backend: &Arc<dyn Backend>,
     max: MaxResident,
+    keep: bool,
 ) -> Result<Stage> {
     let span = plan
         .stages()
@@ -101,6 +132,7 @@ pub fn load_stage(
         index == 0,
         precision,
         max,
+        keep,
     )
     .context(|| format!("loading stage {index} (layers {:?})", span.layers))?;
     stage.set_backend(backend.clone());
@@ -116,7 +148,7 @@ pub fn load_stages(
     max: MaxResident,
 ) -> Result<Vec<Stage>> {
     (0..plan.len())
-        .map(|i| load_stage(opened, plan, i, precision, backend, max))
+        .map(|i| load_stage(opened, plan, i, precision, backend, max, false))
         .collect()
 }
 

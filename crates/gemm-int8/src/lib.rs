@@ -15,7 +15,7 @@ mod quant;
 mod verify;
 
 pub use backend::{Backend, CpuBackend, Isa, Rhs, check_shapes};
-pub use packed::PackedWeights;
+pub use packed::{PackedParts, PackedWeights, SharedBytes};
 pub use quant::{Quantized, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
@@ -65,6 +65,13 @@ pub enum Error {
         what: &'static str,
         got: usize,
         expected: usize,
+    },
+    /// An array borrowed from shared bytes starts where its values cannot be read in place.
+    #[error("{what} starts at byte {offset}, not a multiple of {align}")]
+    Misaligned {
+        what: &'static str,
+        offset: usize,
+        align: usize,
     },
     /// A quantized value outside `-127..=127`.
     #[error("quantized value {value} at row {row}, column {col} is outside -127..=127")]

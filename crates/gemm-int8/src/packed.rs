@@ -11,6 +11,8 @@
 //! loop. `corr` holds `128 · Σ qb[n][k]` over the grouped part of K, which undoes the +128 offset that
 //! makes A unsigned for `vpdpbusd`.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::kernels::NP;
@@ -21,9 +23,75 @@ use crate::{Error, Operand};
 pub(crate) const PANEL: usize = 16;
 
 /// One 64-byte line of a panel: 16 channels × 4 consecutive K values.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
 #[repr(C, align(64))]
 pub(crate) struct Line(pub(crate) [i8; 64]);
+
+/// Bytes that packed weights may borrow instead of owning: a memory-mapped file, or a buffer one
+/// layer was read into. Held by every handle that borrows from it.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// One array of a handle: owned, or a typed view into [`SharedBytes`].
+enum Held<T> {
+    Owned(Vec<T>),
+    Shared {
+        bytes: SharedBytes,
+        start: usize,
+        len: usize,
+    },
+}
+
+impl<T: bytemuck::Pod> Held<T> {
+    fn get(&self) -> &[T] {
+        match self {
+            Held::Owned(v) => v,
+            Held::Shared { bytes, start, len } => bytemuck::cast_slice(
+                &AsRef::<[u8]>::as_ref(&**bytes)[*start..*start + len * size_of::<T>()],
+            ),
+        }
+    }
+
+    /// `range` of `bytes` as `len` values of `T`, refused unless it is exactly that long, inside
+    /// `bytes` and aligned for `T`.
+    fn shared(
+        what: &'static str,
+        bytes: &SharedBytes,
+        range: Range<usize>,
+        len: usize,
+    ) -> Result<Self, Error> {
+        let all = AsRef::<[u8]>::as_ref(&**bytes);
+        let got = range.end.saturating_sub(range.start);
+        if range.end > all.len() || got != len * size_of::<T>() {
+            return Err(Error::Shape {
+                what,
+                got,
+                expected: len * size_of::<T>(),
+            });
+        }
+        let address = all.as_ptr() as usize + range.start;
+        if !address.is_multiple_of(align_of::<T>()) {
+            return Err(Error::Misaligned {
+                what,
+                offset: range.start,
+                align: align_of::<T>(),
+            });
+        }
+        Ok(Held::Shared {
+            bytes: bytes.clone(),
+            start: range.start,
+            len,
+        })
+    }
+}
+
+/// A handle's arrays as raw bytes (host byte order), in the order [`PackedWeights::from_shared`]
+/// takes them back: lines, tail, corr, scales.
+pub struct PackedParts<'a> {
+    pub n: usize,
+    pub k: usize,
+    /// Each array with the alignment its start needs.
+    pub arrays: [(&'a [u8], usize); 4],
+}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -34,10 +102,10 @@ pub struct PackedWeights {
     id: u64,
     n: usize,
     k: usize,
-    lines: Vec<Line>,
-    tail: Vec<i8>,
-    corr: Vec<i32>,
-    scales: Vec<f32>,
+    lines: Held<Line>,
+    tail: Held<i8>,
+    corr: Held<i32>,
+    scales: Held<f32>,
 }
 
 impl std::fmt::Debug for PackedWeights {
@@ -81,11 +149,52 @@ impl PackedWeights {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             n,
             k,
-            lines,
-            tail,
-            corr,
-            scales: b.scales().to_vec(),
+            lines: Held::Owned(lines),
+            tail: Held::Owned(tail),
+            corr: Held::Owned(corr),
+            scales: Held::Owned(b.scales().to_vec()),
         }
+    }
+
+    /// The arrays as raw bytes, for writing them where [`PackedWeights::from_shared`] reads them
+    /// back without a copy.
+    pub fn parts(&self) -> PackedParts<'_> {
+        PackedParts {
+            n: self.n,
+            k: self.k,
+            arrays: [
+                (bytemuck::cast_slice(self.lines()), align_of::<Line>()),
+                (bytemuck::cast_slice(self.tail()), 1),
+                (bytemuck::cast_slice(self.corr()), 4),
+                (bytemuck::cast_slice(self.scales()), 4),
+            ],
+        }
+    }
+
+    /// A handle over arrays that [`PackedWeights::parts`] wrote into `bytes` at `ranges` (lines,
+    /// tail, corr, scales), borrowed, not copied. Refused unless each range has the length an
+    /// `n × k` handle needs and the alignment its values need. The values are taken as they are:
+    /// whoever wrote them vouches for them (a shard checks its SHA-256).
+    pub fn from_shared(
+        n: usize,
+        k: usize,
+        bytes: &SharedBytes,
+        ranges: [Range<usize>; 4],
+    ) -> Result<Self, Error> {
+        if k > crate::MAX_K {
+            return Err(Error::KTooLarge { k });
+        }
+        let [lines, tail, corr, scales] = ranges;
+        let (panels, groups) = (n.div_ceil(PANEL), k / 4);
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            n,
+            k,
+            lines: Held::shared("packed lines", bytes, lines, panels * groups)?,
+            tail: Held::shared("packed tail", bytes, tail, n * (k % 4))?,
+            corr: Held::shared("packed corrections", bytes, corr, panels * PANEL)?,
+            scales: Held::shared("weight scales", bytes, scales, n)?,
+        })
     }
 
     /// Process-unique identity of this handle.
@@ -105,12 +214,15 @@ impl PackedWeights {
 
     /// One scale per output channel.
     pub fn scales(&self) -> &[f32] {
-        &self.scales
+        self.scales.get()
     }
 
     /// Bytes held by this handle.
     pub fn bytes(&self) -> usize {
-        self.lines.len() * 64 + self.tail.len() + 4 * self.corr.len() + 4 * self.scales.len()
+        self.lines().len() * 64
+            + self.tail().len()
+            + 4 * self.corr().len()
+            + 4 * self.scales().len()
     }
 
     /// Write row `col` (output channel) as plain i8 values into `out` (length K).
@@ -119,7 +231,7 @@ impl PackedWeights {
         let (p, c) = (col / PANEL, col % PANEL);
         let (first, stride) = self.line_place(p);
         let lines = self
-            .lines
+            .lines()
             .get(first..)
             .unwrap_or_default()
             .iter()
@@ -134,7 +246,7 @@ impl PackedWeights {
             quad.copy_from_slice(&[x, y, z, w]);
         }
         let rest = self.k - kmain;
-        out[kmain..].copy_from_slice(&self.tail[col * rest..(col + 1) * rest]);
+        out[kmain..].copy_from_slice(&self.tail()[col * rest..(col + 1) * rest]);
     }
 
     /// The weights as plain row-major i8 (`n × k`) and their scales, for a backend that uploads its
@@ -146,7 +258,7 @@ impl PackedWeights {
                 self.write_row(col, row);
             }
         }
-        Quantized::from_raw(self.n, self.k, q, self.scales.clone())
+        Quantized::from_raw(self.n, self.k, q, self.scales().to_vec())
     }
 
     /// The part of K held in 4-wide groups.
@@ -169,17 +281,17 @@ impl PackedWeights {
     }
 
     pub(crate) fn lines(&self) -> &[Line] {
-        &self.lines
+        self.lines.get()
     }
 
     /// Row-major `n × (k mod 4)` leftover values.
     pub(crate) fn tail(&self) -> &[i8] {
-        &self.tail
+        self.tail.get()
     }
 
     /// `128 · Σ_{k < kmain} qb[n][k]`, padded with zeros to whole panels.
     pub(crate) fn corr(&self) -> &[i32] {
-        &self.corr
+        self.corr.get()
     }
 }
 

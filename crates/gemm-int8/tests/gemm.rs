@@ -664,3 +664,73 @@ fn a_scale_every_128_channels_gives_other_products_than_the_contract() {
             .collect::<Vec<_>>()
     );
 }
+
+/// `bytes` placed `shift` bytes into a 64-aligned buffer: a mapped shard stand-in.
+struct Placed {
+    chunks: Vec<Chunk>,
+    range: std::ops::Range<usize>,
+}
+
+impl Placed {
+    fn new(bytes: &[u8], shift: usize) -> daisy_gemm_int8::SharedBytes {
+        let mut chunks = vec![Chunk([0; 64]); (bytes.len() + shift).div_ceil(64)];
+        bytemuck::cast_slice_mut::<_, u8>(&mut chunks)[shift..shift + bytes.len()]
+            .copy_from_slice(bytes);
+        std::sync::Arc::new(Self {
+            chunks,
+            range: 0..bytes.len() + shift,
+        })
+    }
+}
+
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(64))]
+struct Chunk([u8; 64]);
+
+impl AsRef<[u8]> for Placed {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.chunks)[self.range.clone()]
+    }
+}
+
+#[test]
+fn weights_borrowed_from_shared_bytes_give_the_owned_products() {
+    let backend = CpuBackend::new();
+    for (n, k) in [(1, 3), (37, 70), (64, 576)] {
+        let w = matrix(7, n, k);
+        let owned = PackedWeights::new(&w, n, k).unwrap();
+        // Each array where a shard puts it: its start moved up to its alignment.
+        let mut bytes = Vec::new();
+        let mut ranges: [std::ops::Range<usize>; 4] = Default::default();
+        for ((part, align), range) in owned.parts().arrays.into_iter().zip(&mut ranges) {
+            bytes.resize(bytes.len().next_multiple_of(align), 0);
+            *range = bytes.len()..bytes.len() + part.len();
+            bytes.extend_from_slice(part);
+        }
+        let shared = Placed::new(&bytes, 0);
+        let borrowed = PackedWeights::from_shared(n, k, &shared, ranges.clone()).unwrap();
+        let a = matrix(11, 5, k);
+        let (p, q) = (
+            gemm(&backend, &a, 5, &owned).unwrap(),
+            gemm(&backend, &a, 5, &borrowed).unwrap(),
+        );
+        assert!(
+            p.iter().zip(&q).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{n}x{k}: borrowed weights gave other products"
+        );
+        // The mutations: one byte into the buffer the lines are misaligned, and refused by name;
+        // a range one byte short is refused.
+        let shifted = Placed::new(&bytes, 1);
+        let moved = ranges.clone().map(|r| r.start + 1..r.end + 1);
+        match PackedWeights::from_shared(n, k, &shifted, moved) {
+            Err(Error::Misaligned { what, .. }) => assert_eq!(what, "packed lines"),
+            other => panic!("{n}x{k}: a misaligned view was taken: {other:?}"),
+        }
+        let mut short = ranges.clone();
+        short[3].end -= 1;
+        assert!(matches!(
+            PackedWeights::from_shared(n, k, &shared, short),
+            Err(Error::Shape { .. })
+        ));
+    }
+}

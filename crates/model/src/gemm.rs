@@ -141,9 +141,7 @@ impl Linear {
             }
             Weight::Int8(p) => {
                 put.u8(1);
-                let q = p.to_quantized();
-                put.i8s(q.q());
-                put.f32s(q.scales());
+                put.packed(p);
             }
         }
         match &self.bias {
@@ -155,8 +153,8 @@ impl Linear {
         }
     }
 
-    /// What [`Linear::write`] wrote, refused unless it is `n×k` at `precision` (and the int8
-    /// values and scales are the contract's: within ±127, scales finite and non-negative).
+    /// What [`Linear::write`] wrote, refused unless it is `n×k` at `precision`; int8 arrays are
+    /// borrowed where they lie (the shard's hash vouches for their values).
     pub(crate) fn read(
         take: &mut Take<'_>,
         precision: Precision,
@@ -176,12 +174,7 @@ impl Linear {
                 }
                 Weight::F32(w)
             }
-            (1, Precision::Int8) => {
-                let q = take.i8s()?;
-                let scales = take.f32s()?;
-                let q = Quantized::from_parts(n, k, q, scales).map_err(|e| bad(e.to_string()))?;
-                Weight::Int8(PackedWeights::from_quantized(&q))
-            }
+            (1, Precision::Int8) => Weight::Int8(take.packed(n, k)?),
             (tag, _) => {
                 return Err(bad(format!(
                     "held as {}, the stage runs {}",

@@ -5,10 +5,17 @@
 //! Unpacking a layer copies the same int8 values and scales into the GEMM's packed layout, so the
 //! products, and every bit after them, are those of the resident stage.
 //!
-//! File: `DAISYSHARD1`, the model fingerprint, the precision, the layer range, then per layer its
-//! byte offset, length and SHA-256, then the layers. It is written whole to a temporary file and
-//! renamed into place, and refused on open unless header, size and (on first use of each layer)
-//! hash agree, so a file cut short by a crash is never read as a shard.
+//! A resident stage writes the same file after its first load and, on the next start, maps it and
+//! borrows its int8 arrays in place: no layer is fetched, widened or quantized again.
+//!
+//! File (little-endian): `DAISYSHARD2`, the model fingerprint, the precision, the layer range, then
+//! per layer its byte offset (from the end of the header), length and SHA-256, zeros up to a
+//! multiple of 64, then the layers, each starting at a multiple of 64. An int8 weight's arrays are
+//! those of [`PackedWeights`] as the GEMM reads them (lines, tail, corrections, scales), each its
+//! length then zeros up to its alignment then its bytes, so a mapped file is used where it lies.
+//! It is written whole to a temporary file and renamed into place, and refused on open unless
+//! header and size agree, and on first use of each layer unless its hash agrees, so a file cut
+//! short by a crash or changed on disk is never read as a shard.
 
 use std::io::Write;
 use std::ops::Range;
@@ -16,6 +23,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use daisy_gemm_int8::{PackedWeights, SharedBytes};
 use sha2::{Digest, Sha256};
 
 use crate::block::Block;
@@ -23,7 +31,9 @@ use crate::gemm::Precision;
 use crate::{Error, Result};
 use daisy_loader::ModelConfig;
 
-const MAGIC: &[u8; 11] = b"DAISYSHARD1";
+const MAGIC: &[u8; 11] = b"DAISYSHARD2";
+/// Where each layer (and the first, after the header) starts: a multiple of this.
+const LAYER_ALIGN: u64 = 64;
 /// Layers of a streamed stage unpacked at once: the one running and the next.
 pub const MAX_LIVE_LAYERS: usize = 2;
 
@@ -43,9 +53,17 @@ impl Put<'_> {
             self.0.extend_from_slice(&x.to_le_bytes());
         }
     }
-    pub(crate) fn i8s(&mut self, v: &[i8]) {
-        self.u64(v.len() as u64);
-        self.0.extend(v.iter().map(|&x| x as u8));
+    /// An int8 weight's arrays, each aligned (the buffer starts at a multiple of 64).
+    pub(crate) fn packed(&mut self, w: &PackedWeights) {
+        for (bytes, align) in w.parts().arrays {
+            self.u64(bytes.len() as u64);
+            self.pad(align);
+            self.0.extend_from_slice(bytes);
+        }
+    }
+    fn pad(&mut self, align: usize) {
+        let len = self.0.len().next_multiple_of(align);
+        self.0.resize(len, 0);
     }
 }
 
@@ -54,11 +72,29 @@ pub(crate) struct Take<'a> {
     bytes: &'a [u8],
     at: usize,
     what: &'a str,
+    /// What `bytes` lies in, and where: int8 arrays are borrowed from it, not copied.
+    shared: Option<(&'a SharedBytes, usize)>,
 }
 
 impl<'a> Take<'a> {
     pub(crate) fn new(bytes: &'a [u8], what: &'a str) -> Self {
-        Self { bytes, at: 0, what }
+        Self {
+            bytes,
+            at: 0,
+            what,
+            shared: None,
+        }
+    }
+
+    /// Bytes `range` of `shared`, whose int8 arrays [`Take::packed`] borrows.
+    pub(crate) fn shared(shared: &'a SharedBytes, range: Range<usize>, what: &'a str) -> Self {
+        let all = AsRef::<[u8]>::as_ref(&**shared);
+        Self {
+            bytes: &all[range.clone()],
+            at: 0,
+            what,
+            shared: Some((shared, range.start)),
+        }
     }
     fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
@@ -100,9 +136,24 @@ impl<'a> Take<'a> {
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect())
     }
-    pub(crate) fn i8s(&mut self) -> Result<Vec<i8>> {
-        let n = self.len(1)?;
-        Ok(self.bytes(n)?.iter().map(|&b| b as i8).collect())
+    /// What [`Put::packed`] wrote, as an `n × k` weight borrowing its arrays.
+    pub(crate) fn packed(&mut self, n: usize, k: usize) -> Result<PackedWeights> {
+        let Some((shared, base)) = self.shared else {
+            return Err(Error::Invalid(format!(
+                "{}: int8 arrays read outside a shard",
+                self.what
+            )));
+        };
+        let mut ranges: [Range<usize>; 4] = Default::default();
+        for (range, align) in ranges.iter_mut().zip([64, 1, 4, 4]) {
+            let len = self.len(1)?;
+            let start = (base + self.at).next_multiple_of(align) - base;
+            self.bytes(start - self.at)?;
+            self.bytes(len)?;
+            *range = base + start..base + start + len;
+        }
+        PackedWeights::from_shared(n, k, shared, ranges)
+            .map_err(|e| Error::Invalid(format!("{}: a {n}x{k} weight: {e}", self.what)))
     }
     pub(crate) fn done(&self) -> Result<()> {
         if self.at == self.bytes.len() {
@@ -132,9 +183,9 @@ fn precision_byte(p: Precision) -> u8 {
     }
 }
 
-/// Bytes of the header of a shard of `n` layers.
+/// Bytes of the header of a shard of `n` layers, padding included: where its layers begin.
 fn header_len(n: usize) -> usize {
-    MAGIC.len() + 32 + 1 + 16 + n * 48
+    (MAGIC.len() + 32 + 1 + 16 + n * 48).next_multiple_of(LAYER_ALIGN as usize)
 }
 
 /// Writes a shard layer by layer (each layer can be dropped once written): the header's room
@@ -169,14 +220,17 @@ impl ShardWriter {
     }
 
     pub(crate) fn push(&mut self, block: &Block) -> Result<()> {
+        let io = |e: std::io::Error| Error::Invalid(format!("shard {}: {e}", self.tmp.display()));
+        let start = self.at.next_multiple_of(LAYER_ALIGN);
+        self.file
+            .write_all(&vec![0u8; (start - self.at) as usize])
+            .map_err(io)?;
         let mut bytes = Vec::new();
         block.write(&mut Put(&mut bytes));
-        self.file
-            .write_all(&bytes)
-            .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.tmp.display())))?;
+        self.file.write_all(&bytes).map_err(io)?;
         self.index
-            .push((self.at, bytes.len() as u64, Sha256::digest(&bytes).into()));
-        self.at += bytes.len() as u64;
+            .push((start, bytes.len() as u64, Sha256::digest(&bytes).into()));
+        self.at = start + bytes.len() as u64;
         Ok(())
     }
 
@@ -188,6 +242,7 @@ impl ShardWriter {
             .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.path.display())))?;
         let mut header = Vec::new();
         header_into(&mut Put(&mut header), &self.key, &self.index);
+        header.resize(header_len(self.key.layers.len()), 0);
         file.write_all_at(&header, 0).map_err(io)?;
         file.sync_all().map_err(io)?;
         std::fs::rename(&self.tmp, &self.path).map_err(io)
@@ -207,15 +262,199 @@ fn header_into(put: &mut Put<'_>, key: &ShardKey, index: &[(u64, u64, [u8; 32])]
     }
 }
 
-/// Layers read from a shard file on demand, at most [`MAX_LIVE_LAYERS`] unpacked at once.
-pub(crate) struct Streamed {
+/// An opened shard file whose header and size agree with what it should hold.
+pub(crate) struct Shard {
     path: PathBuf,
     file: std::fs::File,
     /// Where the layers start in the file.
     base: u64,
     /// The model index of local layer 0.
     first: usize,
+    /// Per local layer: offset from `base`, length, SHA-256.
     index: Vec<(u64, u64, [u8; 32])>,
+}
+
+impl Shard {
+    /// Open the shard at `path`, refused unless its header is `key`'s and its size is what the
+    /// header says.
+    pub(crate) fn open(path: &Path, key: &ShardKey) -> Result<Self> {
+        let bad = |why: String| Error::Invalid(format!("shard {}: {why}", path.display()));
+        if cfg!(target_endian = "big") {
+            return Err(bad("shards are little-endian; this machine is not".into()));
+        }
+        let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+        let n = key.layers.len();
+        let header_len = header_len(n);
+        let mut header = vec![0u8; header_len];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|_| bad(format!("shorter than its header ({size} bytes)")))?;
+        let mut take = Take::new(&header, "shard header");
+        let magic = take.bytes(MAGIC.len())?;
+        if magic != MAGIC {
+            return Err(bad("not a shard file of this version".into()));
+        }
+        let fingerprint = take.bytes(32)?;
+        let precision = take.u8()?;
+        let (start, end) = (take.u64()?, take.u64()?);
+        if fingerprint != key.fingerprint
+            || precision != precision_byte(key.precision)
+            || (start, end) != (key.layers.start as u64, key.layers.end as u64)
+        {
+            return Err(bad(format!(
+                "it holds layers {start}..{end} of another model or precision, not {:?} of this one",
+                key.layers
+            )));
+        }
+        let mut index = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (offset, len) = (take.u64()?, take.u64()?);
+            let sha: [u8; 32] = take.bytes(32)?.try_into().expect("32 bytes");
+            index.push((offset, len, sha));
+        }
+        // Each layer where the previous one ends, moved up to the next multiple of 64.
+        let mut end = 0u64;
+        let mut contiguous = true;
+        for &(offset, len, _) in &index {
+            contiguous &= offset == end.next_multiple_of(LAYER_ALIGN);
+            end = offset.saturating_add(len);
+        }
+        if !contiguous || size != header_len as u64 + end {
+            return Err(bad(format!(
+                "{size} bytes where its header promises {} (cut short, or not written whole)",
+                header_len as u64 + end
+            )));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            base: header_len as u64,
+            first: key.layers.start,
+            index,
+        })
+    }
+
+    /// Local layer `i`'s bytes in the file.
+    pub(crate) fn range(&self, i: usize) -> Range<usize> {
+        let (offset, len, _) = self.index[i];
+        let start = (self.base + offset) as usize;
+        start..start + len as usize
+    }
+
+    /// The whole file mapped, for layers borrowed in place.
+    pub(crate) fn map(&self) -> Result<SharedBytes> {
+        // SAFETY: the file is opened read-only and mapped read-only. A shard is only ever replaced
+        // by renaming a new file over its name, which leaves this mapping on the old one; a
+        // process truncating it in place would be outside what this cache folder promises.
+        let map = unsafe { memmap2::Mmap::map(&self.file) }.map_err(|e| {
+            Error::Invalid(format!("shard {}: mapping it: {e}", self.path.display()))
+        })?;
+        Ok(Arc::new(map))
+    }
+
+    /// Local layer `i` read into memory of its own (at offset 0, aligned for the GEMM).
+    pub(crate) fn read(&self, i: usize) -> Result<(SharedBytes, Range<usize>)> {
+        let len = self.range(i).len();
+        let mut bytes = Aligned::zeroed(len);
+        self.file
+            .read_exact_at(bytes.as_mut(), self.range(i).start as u64)
+            .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.path.display())))?;
+        Ok((Arc::new(bytes), 0..len))
+    }
+
+    /// Whether local layer `i`'s bytes (at `range` of `bytes`) hash to what the header says.
+    pub(crate) fn check(&self, i: usize, bytes: &SharedBytes, range: Range<usize>) -> Result<()> {
+        let all = AsRef::<[u8]>::as_ref(&**bytes);
+        if <[u8; 32]>::from(Sha256::digest(&all[range])) != self.index[i].2 {
+            return Err(Error::Invalid(format!(
+                "shard {}: local layer {i} does not match its SHA-256 (the file changed)",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Local layer `i` from `bytes` (the mapped file when `range` is `None`, else that range of a
+    /// buffer [`Shard::read`] filled), its SHA-256 checked when `check`.
+    pub(crate) fn block(
+        &self,
+        cfg: &ModelConfig,
+        precision: Precision,
+        i: usize,
+        bytes: &SharedBytes,
+        range: Option<Range<usize>>,
+        check: bool,
+    ) -> Result<Block> {
+        let range = range.unwrap_or_else(|| self.range(i));
+        if check {
+            self.check(i, bytes, range.clone())?;
+        }
+        let block = Block::read(
+            cfg,
+            precision,
+            &mut Take::shared(bytes, range, "a shard layer"),
+        )?;
+        if block.index() != self.first + i {
+            return Err(Error::Invalid(format!(
+                "shard {}: local layer {i} is layer {} of the model, not {}",
+                self.path.display(),
+                block.index(),
+                self.first + i
+            )));
+        }
+        Ok(block)
+    }
+
+    /// Layers in the file.
+    pub(crate) fn layers(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Bytes of the layers in the file.
+    pub(crate) fn bytes(&self) -> usize {
+        self.index.iter().map(|i| i.1 as usize).sum()
+    }
+
+    /// Remove the file (a layer failed its check: the next start writes it again).
+    pub(crate) fn remove(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bytes in memory of their own, starting at a multiple of 64 (what a shard's arrays need).
+struct Aligned {
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(64))]
+struct Chunk([u8; 64]);
+
+impl Aligned {
+    fn zeroed(len: usize) -> Self {
+        Self {
+            chunks: vec![Chunk([0; 64]); len.div_ceil(64)],
+            len,
+        }
+    }
+}
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.chunks)[..self.len]
+    }
+}
+
+impl AsMut<[u8]> for Aligned {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.chunks)[..self.len]
+    }
+}
+
+/// Layers read from a shard file on demand, at most [`MAX_LIVE_LAYERS`] unpacked at once.
+pub(crate) struct Streamed {
+    pub(crate) shard: Shard,
     live: Mutex<Live<Block>>,
 }
 
@@ -271,63 +510,12 @@ impl<T> Live<T> {
 }
 
 impl Streamed {
-    /// Open the shard at `path`, refused unless its header is `key`'s and its size is what the
-    /// header says.
-    pub(crate) fn open(path: &Path, key: &ShardKey) -> Result<Self> {
-        let bad = |why: String| Error::Invalid(format!("shard {}: {why}", path.display()));
-        let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-        let size = file.metadata().map_err(|e| bad(e.to_string()))?.len();
-        let n = key.layers.len();
-        let header_len = header_len(n);
-        let mut header = vec![0u8; header_len];
-        file.read_exact_at(&mut header, 0)
-            .map_err(|_| bad(format!("shorter than its header ({size} bytes)")))?;
-        let mut take = Take::new(&header, "shard header");
-        let magic = take.bytes(MAGIC.len())?;
-        if magic != MAGIC {
-            return Err(bad("not a shard file".into()));
-        }
-        let fingerprint = take.bytes(32)?;
-        let precision = take.u8()?;
-        let (start, end) = (take.u64()?, take.u64()?);
-        if fingerprint != key.fingerprint
-            || precision != precision_byte(key.precision)
-            || (start, end) != (key.layers.start as u64, key.layers.end as u64)
-        {
-            return Err(bad(format!(
-                "it holds layers {start}..{end} of another model or precision, not {:?} of this one",
-                key.layers
-            )));
-        }
-        let mut index = Vec::with_capacity(n);
-        for _ in 0..n {
-            let (offset, len) = (take.u64()?, take.u64()?);
-            let sha: [u8; 32] = take.bytes(32)?.try_into().expect("32 bytes");
-            index.push((offset, len, sha));
-        }
-        let layers_len: u64 = index.iter().map(|i| i.1).sum();
-        let contiguous = index
-            .iter()
-            .scan(0u64, |at, &(o, l, _)| {
-                let ok = o == *at;
-                *at += l;
-                Some(ok)
-            })
-            .all(|ok| ok);
-        if !contiguous || size != header_len as u64 + layers_len {
-            return Err(bad(format!(
-                "{size} bytes where its header promises {} (cut short, or not written whole)",
-                header_len as u64 + layers_len
-            )));
-        }
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-            base: header_len as u64,
-            first: key.layers.start,
-            index,
+    pub(crate) fn new(shard: Shard) -> Self {
+        let n = shard.layers();
+        Self {
+            shard,
             live: Mutex::new(Live::new(n)),
-        })
+        }
     }
 
     /// Local layer `i` read and unpacked (its SHA-256 checked when `check`).
@@ -338,36 +526,18 @@ impl Streamed {
         i: usize,
         check: bool,
     ) -> Result<Block> {
-        let (offset, len, sha) = self.index[i];
-        let mut bytes = vec![0u8; len as usize];
-        self.file
-            .read_exact_at(&mut bytes, self.base + offset)
-            .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.path.display())))?;
-        if check && <[u8; 32]>::from(Sha256::digest(&bytes)) != sha {
-            return Err(Error::Invalid(format!(
-                "shard {}: local layer {i} does not match its SHA-256 (the file changed)",
-                self.path.display()
-            )));
+        let (bytes, range) = self.shard.read(i)?;
+        let block = self
+            .shard
+            .block(cfg, precision, i, &bytes, Some(range), check);
+        if block.is_err() && check {
+            self.shard.remove();
         }
-        let block = Block::read(cfg, precision, &mut Take::new(&bytes, "a shard layer"))?;
-        if block.index() != self.first + i {
-            return Err(Error::Invalid(format!(
-                "shard {}: local layer {i} is layer {} of the model, not {}",
-                self.path.display(),
-                block.index(),
-                self.first + i
-            )));
-        }
-        Ok(block)
+        block
     }
 
     pub(crate) fn live(&self) -> std::sync::MutexGuard<'_, Live<Block>> {
         self.live.lock().expect("live layers lock")
-    }
-
-    /// Bytes of the layers in the file.
-    pub(crate) fn bytes(&self) -> usize {
-        self.index.iter().map(|i| i.1 as usize).sum()
     }
 }
 
@@ -406,11 +576,16 @@ mod tests {
 
     #[test]
     fn reads_refuse_what_overruns_or_is_left_over() {
+        let w: Vec<f32> = (0..18).map(|i| (i as f32 - 8.5) / 3.0).collect();
+        let packed = PackedWeights::new(&w, 3, 6).unwrap();
         let mut bytes = Vec::new();
         let mut put = Put(&mut bytes);
         put.f32s(&[1.5, -0.0]);
-        put.i8s(&[-127, 5]);
-        let mut take = Take::new(&bytes, "a test");
+        put.packed(&packed);
+        let mut held = Aligned::zeroed(bytes.len());
+        held.as_mut().copy_from_slice(&bytes);
+        let shared: SharedBytes = Arc::new(held);
+        let mut take = Take::shared(&shared, 0..bytes.len(), "a test");
         assert_eq!(
             take.f32s()
                 .unwrap()
@@ -419,12 +594,22 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![1.5f32.to_bits(), (-0.0f32).to_bits()]
         );
-        assert_eq!(take.i8s().unwrap(), vec![-127, 5]);
+        let back = take.packed(3, 6).unwrap();
         take.done().unwrap();
-        let cut = &bytes[..bytes.len() - 1];
-        let mut take = Take::new(cut, "a test");
-        take.f32s().unwrap();
-        assert!(take.i8s().unwrap_err().to_string().contains("overruns"));
+        let (a, b) = (back.to_quantized(), packed.to_quantized());
+        assert_eq!((a.q(), a.scales()), (b.q(), b.scales()));
+        // Borrowed in place, not copied.
+        let at = AsRef::<[u8]>::as_ref(&*shared).as_ptr_range();
+        assert!(at.contains(&back.scales().as_ptr().cast()));
+        let mut cut = Take::shared(&shared, 0..bytes.len() - 1, "a test");
+        cut.f32s().unwrap();
+        let e = cut.packed(3, 6).unwrap_err().to_string();
+        assert!(e.contains("overruns"), "{e}");
+        let e = Take::new(&bytes[12..], "a test")
+            .packed(3, 6)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside a shard"), "{e}");
         let mut huge = Vec::new();
         Put(&mut huge).u64(u64::MAX);
         assert!(Take::new(&huge, "a test").f32s().is_err());

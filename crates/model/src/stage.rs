@@ -11,7 +11,7 @@ use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
-use crate::shard::{ShardKey, ShardWriter, Streamed};
+use crate::shard::{Shard, ShardKey, ShardWriter, Streamed};
 use crate::source::{Embedding, Source, read_shaped};
 use crate::{Error, Result};
 use daisy_loader::{Arch, ModelConfig};
@@ -34,6 +34,8 @@ pub struct Stage {
     /// The layers, resident; empty when they stream from a shard.
     blocks: Vec<Block>,
     streamed: Option<Streamed>,
+    /// The shard the resident layers are borrowed from, when they are.
+    mapped: Option<Mapped>,
     head: Option<Head>,
     inv_freq: Vec<f32>,
     fingerprint: [u8; 32],
@@ -72,6 +74,7 @@ impl Stage {
             layers,
             blocks,
             streamed: None,
+            mapped: None,
             head,
             inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
             fingerprint: src.fingerprint(),
@@ -99,9 +102,9 @@ impl Stage {
             precision,
             layers: layers.clone(),
         };
-        let found = Streamed::open(shard, &key);
+        let found = Shard::open(shard, &key);
         let reused = found.is_ok();
-        let streamed = match found {
+        let opened = match found {
             Ok(s) => s,
             Err(_) => {
                 let mut writer = ShardWriter::create(shard, key.clone())?;
@@ -109,11 +112,75 @@ impl Stage {
                     writer.push(&Block::load(src, cfg, i, precision)?)?;
                 }
                 writer.finish()?;
-                Streamed::open(shard, &key)?
+                Shard::open(shard, &key)?
             }
         };
-        stage.streamed = Some(streamed);
+        stage.streamed = Some(Streamed::new(opened));
         Ok((stage, reused))
+    }
+
+    /// [`Stage::load`], with the layers resident but borrowed in place from the shard at `shard`,
+    /// memory-mapped: nothing of them is fetched, widened or quantized, so the stage is ready in
+    /// about the time the header takes to read. Each layer's SHA-256 is checked the first time a
+    /// forward runs it (a layer that fails is refused by name and the file removed, so the next
+    /// start writes it again). `None` when there is no shard of these layers of this model at this
+    /// precision (or it is of another version, or not whole).
+    pub fn load_mapped(
+        src: &dyn Source,
+        cfg: &ModelConfig,
+        layers: Range<usize>,
+        head: bool,
+        precision: Precision,
+        shard: &Path,
+    ) -> Result<Option<Self>> {
+        let key = ShardKey {
+            fingerprint: src.fingerprint(),
+            precision,
+            layers: layers.clone(),
+        };
+        let Ok(opened) = Shard::open(shard, &key) else {
+            return Ok(None);
+        };
+        let mut stage = Self::load(src, cfg, layers.start..layers.start, head, precision)?;
+        stage.layers = layers.clone();
+        let map = opened.map()?;
+        stage.blocks = (0..layers.len())
+            .map(|i| opened.block(cfg, precision, i, &map, None, false))
+            .collect::<Result<Vec<_>>>()?;
+        stage.mapped = Some(Mapped {
+            checked: (0..layers.len())
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            shard: opened,
+            map,
+        });
+        Ok(Some(stage))
+    }
+
+    /// Write the resident layers to a shard at `shard`, for [`Stage::load_mapped`] on the next
+    /// start (a temporary file renamed into place, so a reader never sees part of it).
+    pub fn write_shard(&self, shard: &Path) -> Result<()> {
+        let key = ShardKey {
+            fingerprint: self.fingerprint,
+            precision: self.precision,
+            layers: self.layers.clone(),
+        };
+        if self.blocks.len() != self.layers.len() {
+            return Err(Error::Invalid(format!(
+                "layers {:?} stream from a shard already",
+                self.layers
+            )));
+        }
+        let mut writer = ShardWriter::create(shard, key)?;
+        for block in &self.blocks {
+            writer.push(block)?;
+        }
+        writer.finish()
+    }
+
+    /// Whether the resident layers are borrowed from a mapped shard.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped.is_some()
     }
 
     /// Whether the layers stream from a shard.
@@ -170,7 +237,7 @@ impl Stage {
                 + h.lm_head.bytes()
         });
         head + self.blocks.iter().map(Block::bytes).sum::<usize>()
-            + self.streamed.as_ref().map_or(0, Streamed::bytes)
+            + self.streamed.as_ref().map_or(0, |s| s.shard.bytes())
     }
 
     /// An empty KV cache for the cached path.
@@ -259,7 +326,8 @@ impl Stage {
                         self.blocks.len()
                     )));
                 }
-                for (b, c) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+                for (i, (b, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
+                    self.check_mapped(i)?;
                     b.forward(
                         &self.cfg,
                         self.ctx(),
@@ -272,11 +340,28 @@ impl Stage {
                 }
             }
             None => {
-                for b in &self.blocks {
+                for (i, b) in self.blocks.iter().enumerate() {
+                    self.check_mapped(i)?;
                     b.forward(&self.cfg, self.ctx(), &self.inv_freq, x, rows, pos0, None)?;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Local layer `i`'s hash, the first time it runs, when it is borrowed from a mapped shard.
+    fn check_mapped(&self, i: usize) -> Result<()> {
+        let Some(m) = &self.mapped else {
+            return Ok(());
+        };
+        if m.checked[i].get().is_some() {
+            return Ok(());
+        }
+        if let Err(e) = m.shard.check(i, &m.map, m.shard.range(i)) {
+            m.shard.remove();
+            return Err(e);
+        }
+        let _ = m.checked[i].set(());
         Ok(())
     }
 
@@ -354,6 +439,13 @@ impl Stage {
         }
         Ok(logits)
     }
+}
+
+/// A mapped shard that resident layers borrow from, and which of them passed their hash.
+struct Mapped {
+    shard: Shard,
+    map: daisy_gemm_int8::SharedBytes,
+    checked: Vec<std::sync::OnceLock<()>>,
 }
 
 fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Result<Head> {

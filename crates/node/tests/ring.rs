@@ -90,6 +90,9 @@ struct Live {
     /// The head's stderr lines `wait_for` has read.
     history: Vec<String>,
     join_url: String,
+    /// The cache folder of this ring's processes (`XDG_CACHE_HOME`, unless a test sets its own):
+    /// each test starts without kept layers.
+    cache: tempfile::TempDir,
 }
 
 impl Live {
@@ -107,6 +110,7 @@ impl Live {
         members: &[Option<&str>],
     ) -> Self {
         let mut procs = Procs(Vec::new());
+        let cache = tempfile::tempdir().unwrap();
         // Prompts come from stdin when the head has no `--prompt`.
         let stdin = if head_args.contains(&"--prompt") {
             Stdio::null()
@@ -118,6 +122,7 @@ impl Live {
             .arg(model)
             .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
             .args(head_args)
+            .env("XDG_CACHE_HOME", cache.path())
             .envs(head_env.iter().copied())
             .stdin(stdin)
             .stdout(Stdio::piped())
@@ -156,6 +161,7 @@ impl Live {
             names: Vec::new(),
             history: Vec::new(),
             join_url,
+            cache,
         };
         for (i, secret) in members.iter().enumerate() {
             live.join(&format!("member-{i}"), *secret, &[], &[]);
@@ -173,6 +179,7 @@ impl Live {
         let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["join", "--backend", "cpu", "--name", name])
             .args(args)
+            .env("XDG_CACHE_HOME", self.cache.path())
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -933,6 +940,59 @@ fn member_peak_rss(err: &str) -> u64 {
         .and_then(|l| l.strip_suffix(" bytes"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no peak RSS in:\n{err}"))
+}
+
+#[test]
+fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
+    let model = smollm2();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    let prompt = "The capital of France is";
+    let generate = ["--max-new-tokens", "12", "--ignore-eos"];
+    let mut head_args = vec!["--stages", "2,28", "--prompt", prompt, "--format", "json"];
+    head_args.extend(generate);
+    let oracle = one_process(&model, "2,28", prompt, &generate);
+    let own: u64 = common::tensor_bytes(&model.join("model.safetensors"))
+        .iter()
+        .filter(|(name, _)| common::layer_of(name).is_some_and(|l| (2..30).contains(&l)))
+        .map(|(_, b)| b)
+        .sum();
+    let open = common::open_bytes(&model);
+    let turn = |args: &[&str]| {
+        let mut live = Live::start(&model, &head_args, &[]);
+        live.join("member-0", None, args, &env);
+        live.finish()
+    };
+    // First start: fetched, then kept. A restart: mapped, no layer fetched. With
+    // `--keep-layers off` (the mutation) the restart fetches them all again.
+    for (round, args, said, fetched) in [
+        (0, &[][..], "written to", own + open),
+        (1, &[][..], "mapped from", open),
+        (2, &["--keep-layers", "off"][..], "", own + open),
+    ] {
+        let run = turn(args);
+        let report = run.report();
+        let err = &run.members_err[0];
+        assert!(err.contains(said), "round {round}:\n{err}");
+        if round == 2 {
+            assert!(
+                !err.contains("mapped from") && !err.contains("written to"),
+                "round {round}:\n{err}"
+            );
+        }
+        assert_eq!(
+            report["bytes_served"]["member-0"].as_u64(),
+            Some(fetched),
+            "round {round}: {}",
+            report["bytes_served"]
+        );
+        assert_eq!(
+            ids_and_hops(&report),
+            ids_and_hops(&oracle),
+            "round {round}"
+        );
+        assert_eq!(report["verify"]["match"], true, "round {round}");
+    }
 }
 
 #[test]

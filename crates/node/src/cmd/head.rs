@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
-use super::options::{ComputeArgs, FormatArgs, GenerateArgs, ResidencyArgs, Switch};
+use super::options::{ComputeArgs, FormatArgs, GenerateArgs, KeepArgs, ResidencyArgs, Switch};
 use super::page::PageToken;
 use super::prefixes::{Prefixes, Seen};
 use super::view::SharedView;
@@ -83,6 +83,8 @@ pub(crate) struct Args {
     pub(crate) compute: ComputeArgs,
     #[command(flatten)]
     pub(crate) residency: ResidencyArgs,
+    #[command(flatten)]
+    pub(crate) keep: KeepArgs,
     /// Prefill chunks around the ring at once on the cached path: the next chunk leaves the head
     /// while the previous one is still travelling (1: one at a time).
     #[arg(long, default_value_t = 2)]
@@ -1012,14 +1014,16 @@ impl Ring<'_> {
         if self.head.as_ref().map(Stage::layers) != Some(want.clone()) {
             let t0 = Instant::now();
             let opened = &self.source.opened;
-            let (plan, precision, backend, max) = (
+            let (plan, precision, backend, max, keep) = (
                 &self.plan,
                 self.settings.args.compute.precision,
                 &self.chosen.backend,
                 self.settings.args.residency.max_resident_layers,
+                self.settings.args.keep.on(),
             );
             let stage = tokio::task::block_in_place(|| {
-                load_stage(opened, plan, 0, precision, backend, max).map_err(anyhow::Error::from)
+                load_stage(opened, plan, 0, precision, backend, max, keep)
+                    .map_err(anyhow::Error::from)
             })?;
             eprintln!(
                 "head: loaded its layers {want:?} in {:.2}s",

@@ -24,7 +24,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use super::options::{ComputeArgs, ResidencyArgs};
+use super::options::{ComputeArgs, KeepArgs, ResidencyArgs};
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig, PendingOffer};
 use crate::signal::{JoinUrl, Role, Secret, Signal};
@@ -54,6 +54,8 @@ pub(crate) struct Args {
     compute: ComputeArgs,
     #[command(flatten)]
     residency: ResidencyArgs,
+    #[command(flatten)]
+    keep: KeepArgs,
 }
 
 /// What the compute thread receives.
@@ -314,7 +316,10 @@ async fn member(
         join: &join,
         device: &device,
         local: args.model.as_deref(),
-        max: args.residency.max_resident_layers,
+        residency: Residency {
+            max: args.residency.max_resident_layers,
+            keep: args.keep.on(),
+        },
     };
     let result = serve_ring(&control, &backend, &source, &mut ring_rx).await;
     if let Err(e) = &result {
@@ -433,8 +438,14 @@ struct Source<'a> {
     device: &'a str,
     /// `--model`: a local copy to read instead of fetching.
     local: Option<&'a std::path::Path>,
-    /// `--max-resident-layers`.
+    residency: Residency,
+}
+
+/// Where the stage's layers live: `--max-resident-layers` and `--keep-layers`.
+#[derive(Clone, Copy)]
+struct Residency {
     max: daisy_engine::MaxResident,
+    keep: bool,
 }
 
 /// Load the assignment's layers (or keep the ones held when they are the same), reporting progress.
@@ -456,7 +467,7 @@ async fn take_assignment(
         let base = source.join.base.clone();
         let device = source.device.to_string();
         let local = source.local.map(std::path::Path::to_path_buf);
-        let max = source.max;
+        let residency = source.residency;
         tokio::task::spawn_blocking(move || {
             load(
                 &base,
@@ -465,7 +476,7 @@ async fn take_assignment(
                 &assignment,
                 &backend,
                 progress_tx,
-                max,
+                residency,
             )
         })
     };
@@ -643,7 +654,7 @@ fn load(
     assignment: &Assignment,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     progress: mpsc::Sender<(u64, u64)>,
-    max: daisy_engine::MaxResident,
+    Residency { max, keep }: Residency,
 ) -> Result<Stage> {
     // A repo id comes from `$HF_ENDPOINT` (the Hub); a local folder of the head's from the head.
     let endpoint = if assignment.repo().org() == "local" {
@@ -707,18 +718,21 @@ fn load(
         Precision::Int8
     };
     // A shard of these layers already in the cache is read instead of the layers' tensors.
-    let streamed_from_cache = max.is_some_and(|m| layers.len() > m)
+    let streamed = max.is_some_and(|m| layers.len() > m);
+    let kept = keep && precision == Precision::Int8 && layers.len() >= 2;
+    let from_cache = (streamed || kept)
         && daisy_engine::shard_path(&checkpoint.fingerprint(), &layers, precision)
             .is_ok_and(|p| p.exists());
-    if !streamed_from_cache {
+    if !from_cache {
         checkpoint.prefetch(&names);
     }
     #[cfg(feature = "test-hooks")]
     let built = crate::test_hooks::drop_a_layer(layers.clone());
     #[cfg(not(feature = "test-hooks"))]
     let built = layers.clone();
-    let mut stage = daisy_engine::load_layers(&checkpoint, &config, built, false, precision, max)
-        .with_context(|| format!("loading layers {layers:?}"))?;
+    let mut stage =
+        daisy_engine::load_layers(&checkpoint, &config, built, false, precision, max, keep)
+            .with_context(|| format!("loading layers {layers:?}"))?;
     bar.finish_and_clear();
     stage.set_backend(backend.clone());
     eprintln!(

@@ -69,6 +69,22 @@ pub(crate) struct ResidencyArgs {
     pub(crate) max_resident_layers: Option<usize>,
 }
 
+/// Whether a ring stage keeps its layers for the next start (`head`, `join`).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub(crate) struct KeepArgs {
+    /// Keep this stage's int8 layers (two or more, resident) as a flat shard in the cache folder
+    /// after loading them, and map it on the next start of the same layers of the same model:
+    /// ready without fetching or quantizing them again. `off` neither reads nor writes one.
+    #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
+    pub(crate) keep_layers: Switch,
+}
+
+impl KeepArgs {
+    pub(crate) fn on(&self) -> bool {
+        self.keep_layers == Switch::On
+    }
+}
+
 /// The generation options of a turn (`run`, `demo`).
 #[derive(Clone, Debug, clap::Args)]
 pub(crate) struct GenerateArgs {

@@ -63,6 +63,8 @@ pub(crate) struct Served {
     /// `http://127.0.0.1:PORT`.
     pub(crate) base: String,
     join_url: String,
+    /// The cache folder of the head and its members (`XDG_CACHE_HOME`, unless `env` sets one).
+    cache: tempfile::TempDir,
 }
 
 impl Served {
@@ -70,11 +72,13 @@ impl Served {
     /// `HF_TOKEN` unless `env` sets it).
     pub(crate) fn start(model: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
+        let cache = tempfile::tempdir().unwrap();
         let mut head = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["head", "--model", model])
             .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
             .args(args)
             .env_remove("HF_TOKEN")
+            .env("XDG_CACHE_HOME", cache.path())
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -103,6 +107,7 @@ impl Served {
             seen: Vec::new(),
             base,
             join_url,
+            cache,
         }
     }
 
@@ -121,6 +126,7 @@ impl Served {
         use std::io::Write;
         let mut member = std::process::Command::new(env!("CARGO_BIN_EXE_node"))
             .args(["join", "--backend", "cpu", "--name", name])
+            .env("XDG_CACHE_HOME", self.cache.path())
             .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
