@@ -672,7 +672,7 @@ struct Placed {
 }
 
 impl Placed {
-    fn new(bytes: &[u8], shift: usize) -> daisy_gemm_int8::SharedBytes {
+    fn shared(bytes: &[u8], shift: usize) -> daisy_gemm_int8::SharedBytes {
         let mut chunks = vec![Chunk([0; 64]); (bytes.len() + shift).div_ceil(64)];
         bytemuck::cast_slice_mut::<_, u8>(&mut chunks)[shift..shift + bytes.len()]
             .copy_from_slice(bytes);
@@ -707,7 +707,7 @@ fn weights_borrowed_from_shared_bytes_give_the_owned_products() {
             *range = bytes.len()..bytes.len() + part.len();
             bytes.extend_from_slice(part);
         }
-        let shared = Placed::new(&bytes, 0);
+        let shared = Placed::shared(&bytes, 0);
         let borrowed = PackedWeights::from_shared(n, k, &shared, ranges.clone()).unwrap();
         let a = matrix(11, 5, k);
         let (p, q) = (
@@ -720,7 +720,7 @@ fn weights_borrowed_from_shared_bytes_give_the_owned_products() {
         );
         // The mutations: one byte into the buffer the lines are misaligned, and refused by name;
         // a range one byte short is refused.
-        let shifted = Placed::new(&bytes, 1);
+        let shifted = Placed::shared(&bytes, 1);
         let moved = ranges.clone().map(|r| r.start + 1..r.end + 1);
         match PackedWeights::from_shared(n, k, &shifted, moved) {
             Err(Error::Misaligned { what, .. }) => assert_eq!(what, "packed lines"),

@@ -324,12 +324,16 @@ impl Conn {
             .collect();
         // Failed 2.5 s after the last packet (the defaults take 29 s): a dead member is replanned
         // around quickly, and a keepalive every 300 ms keeps an idle link from flapping.
+        // mDNS off: candidates name the address the signaling connection used, never a `.local`
+        // name, and its multicast socket cannot even be made on a host without a multicast route
+        // (an isolated LAN with no gateway: building the connection failed with "No such device").
         let settings = SettingEngineBuilder::new()
             .with_ice_timeouts(
                 Some(Duration::from_millis(1500)),
                 Some(Duration::from_millis(1000)),
                 Some(Duration::from_millis(300)),
             )
+            .with_multicast_dns_mode(rtc::ice::mdns::MulticastDnsMode::Disabled)
             .build();
         let pc = Box::pin(
             PeerConnectionBuilder::new()

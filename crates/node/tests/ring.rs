@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
+mod netlab;
 
 use common::Procs;
+use netlab::{Faults, Lab};
 
 fn root() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
@@ -93,6 +95,20 @@ struct Live {
     /// The cache folder of this ring's processes (`XDG_CACHE_HOME`, unless a test sets its own):
     /// each test starts without kept layers.
     cache: tempfile::TempDir,
+    /// The network namespace of each process, head first, when the ring runs in a [`Lab`].
+    netns: Vec<String>,
+}
+
+/// `node`, or `ip netns exec NS node` inside namespace `ns`.
+fn node_in(ns: Option<&str>) -> Command {
+    match ns {
+        None => Command::new(env!("CARGO_BIN_EXE_node")),
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_node")]);
+            c
+        }
+    }
 }
 
 impl Live {
@@ -109,6 +125,23 @@ impl Live {
         head_env: &[(&str, &str)],
         members: &[Option<&str>],
     ) -> Self {
+        Self::start_full(model, head_args, head_env, members, Vec::new())
+    }
+
+    /// [`Live::start`] with the head on host 0 of `lab` and each member joined later on the next
+    /// host.
+    fn start_in(model: &Path, head_args: &[&str], lab: &Lab) -> Self {
+        let netns = (0..3).map(|i| lab.ns(i).to_string()).collect();
+        Self::start_full(model, head_args, &[], &[], netns)
+    }
+
+    fn start_full(
+        model: &Path,
+        head_args: &[&str],
+        head_env: &[(&str, &str)],
+        members: &[Option<&str>],
+        netns: Vec<String>,
+    ) -> Self {
         let mut procs = Procs(Vec::new());
         let cache = tempfile::tempdir().unwrap();
         // Prompts come from stdin when the head has no `--prompt`.
@@ -117,12 +150,17 @@ impl Live {
         } else {
             Stdio::piped()
         };
-        let mut head = Command::new(env!("CARGO_BIN_EXE_node"))
+        let listen = match netns.first() {
+            None => "127.0.0.1:0".to_string(),
+            Some(_) => format!("{}:0", Lab::addr(0)),
+        };
+        let mut head = node_in(netns.first().map(String::as_str))
             .args(["head", "--model"])
             .arg(model)
-            .args(["--listen", "127.0.0.1:0", "--backend", "cpu"])
+            .args(["--listen", &listen, "--backend", "cpu"])
             .args(head_args)
             .env("XDG_CACHE_HOME", cache.path())
+            .env("XDG_DATA_HOME", cache.path())
             .envs(head_env.iter().copied())
             .stdin(stdin)
             .stdout(Stdio::piped())
@@ -162,6 +200,7 @@ impl Live {
             history: Vec::new(),
             join_url,
             cache,
+            netns,
         };
         for (i, secret) in members.iter().enumerate() {
             live.join(&format!("member-{i}"), *secret, &[], &[]);
@@ -176,7 +215,8 @@ impl Live {
             None => self.join_url.clone(),
             Some(s) => format!("{}#{s}", self.join_url.split('#').next().unwrap()),
         };
-        let mut m = Command::new(env!("CARGO_BIN_EXE_node"))
+        let ns = self.netns.get(self.names.len() + 1).map(String::as_str);
+        let mut m = node_in(ns)
             .args(["join", "--backend", "cpu", "--name", name])
             .args(args)
             .env("XDG_CACHE_HOME", self.cache.path())
@@ -206,7 +246,10 @@ impl Live {
                 Err(_) => break,
             }
         }
-        panic!("the head never printed {pattern:?}");
+        panic!(
+            "the head never printed {pattern:?}; it printed:\n{}",
+            self.history.join("\n")
+        );
     }
 
     /// The last line the head printed so far (read by `wait_for`) that contains `pattern`.
@@ -1154,4 +1197,103 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
         assert_eq!(report["verify"]["match"], true, "{kind}");
         assert_eq!(report["ids"], oracle["ids"], "{kind}");
     }
+}
+
+/// A turn of SmolLM2 over three hosts of a [`Lab`] — the head on host 0 (10.77.0.1), a member on
+/// each of hosts 1 and 2, each member reading its layers from its own copy — with `during` run
+/// once the turn has begun.
+fn turn_in_lab(tag: &str, faults: Faults, during: impl FnOnce(&Live, &Lab)) -> (RingRun, Lab) {
+    let lab = Lab::new(tag, 3, faults);
+    let model = smollm2();
+    let mut args = long_turn();
+    args[5] = "64";
+    let mut live = Live::start_in(&model, &args, &lab);
+    for i in 0..2 {
+        live.join(
+            &format!("member-{i}"),
+            None,
+            &["--model", model.to_str().unwrap()],
+            &[],
+        );
+    }
+    let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        live.wait_for("head: a turn of");
+    }));
+    if let Err(e) = begun {
+        // What the members said is the story when the ring never formed.
+        for c in &mut live.procs.0 {
+            let _ = c.kill();
+        }
+        let said: Vec<String> = live
+            .members_err
+            .drain(..)
+            .map(|h| h.join().unwrap())
+            .collect();
+        eprintln!("members:\n{}", said.join("\n---\n"));
+        std::panic::resume_unwind(e);
+    }
+    during(&live, &lab);
+    (live.finish(), lab)
+}
+
+/// The same ids as Verify, and as the same split in one process.
+fn equals_verify_and_the_oracle(run: &RingRun) -> Value {
+    let report = run.report();
+    assert_eq!(report["verify"]["match"], true, "{}", report["verify"]);
+    let mut args = long_turn();
+    args[5] = "64";
+    let oracle = one_process(&smollm2(), "10,10,10", "Once upon a time", &args[4..7]);
+    assert_eq!(report["ids"], oracle["ids"]);
+    report
+}
+
+#[test]
+fn links_of_50_ms_each_way_give_the_ids_of_verify() {
+    let delay = Duration::from_millis(50);
+    let faults = Faults {
+        delay,
+        ..Faults::default()
+    };
+    let (run, lab) = turn_in_lab("delay", faults, |_, _| {});
+    let report = equals_verify_and_the_oracle(&run);
+    assert_eq!(report["replays"], 0, "{}", run.head_err);
+    // The mutation check of the lab itself: a decode lap crosses three links, so it cannot be
+    // shorter than three delays.
+    let median = report["decode_lap_ms"]["p50_ms"]
+        .as_f64()
+        .expect("decode_lap_ms");
+    assert!(
+        median >= 150.0,
+        "a lap of {median} ms over three 50 ms links"
+    );
+    assert!(lab.counts().0 > 0);
+}
+
+#[test]
+fn links_losing_2_percent_of_packets_give_the_ids_of_verify() {
+    let faults = Faults {
+        loss: 0.02,
+        delay: Duration::from_millis(5),
+        ..Faults::default()
+    };
+    let (run, lab) = turn_in_lab("loss", faults, |_, _| {});
+    let report = equals_verify_and_the_oracle(&run);
+    assert_eq!(report["replays"], 0, "{}", run.head_err);
+    let (carried, dropped) = lab.counts();
+    assert!(
+        dropped > 0 && (dropped as f64) < 0.05 * (carried + dropped) as f64,
+        "carried {carried}, dropped {dropped}"
+    );
+}
+
+#[test]
+fn a_link_cut_for_10_s_mid_turn_costs_one_replay() {
+    let (run, lab) = turn_in_lab("cut", Faults::default(), |_, lab| {
+        std::thread::sleep(Duration::from_millis(300));
+        lab.set(|f| f.cut = Some((2, Instant::now() + Duration::from_secs(10))));
+    });
+    let report = equals_verify_and_the_oracle(&run);
+    assert_eq!(report["replays"], 1, "{}", run.head_err);
+    assert!(lab.counts().1 > 0, "the cut dropped nothing");
+    assert_eq!(report["devices"].as_array().unwrap().len(), 2);
 }

@@ -111,6 +111,11 @@ pub(crate) struct Args {
 }
 
 /// Longest wait for a member's Hello or probe result.
+/// Where a link a member offers the head is handed over once open, whichever attempt opens it.
+type Incoming = Arc<std::sync::Mutex<Option<oneshot::Sender<Result<Link>>>>>;
+
+/// Tries at opening a ring or control link the head offers (as a member does for its own).
+const LINK_ATTEMPTS: u32 = 3;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the members to load their layers.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -181,7 +186,7 @@ struct Shared {
     /// Offers the head made, waiting for their answer.
     answers: Mutex<HashMap<u64, oneshot::Sender<String>>>,
     /// Links the head expects a member to offer, and where to hand them once open.
-    incoming: Mutex<HashMap<u64, oneshot::Sender<Result<Link>>>>,
+    incoming: Mutex<HashMap<u64, Incoming>>,
     next_link: AtomicU64,
     /// Members admitted by signaling whose control link is not open yet.
     opening: AtomicU64,
@@ -239,8 +244,23 @@ impl Shared {
             .map_err(|_| anyhow!("member {device} left"))
     }
 
-    /// Offer link `link` to `device` (the head sending on it) and wait for it to open.
+    /// Offer link `link` to `device` (the head sending on it) and wait for it to open, with a fresh
+    /// offer up to [`LINK_ATTEMPTS`] times (a lost handshake packet can fail one attempt).
     async fn offer_to(&self, device: &str, role: Role, link: u64) -> Result<Link> {
+        let mut attempt = 1;
+        loop {
+            match self.offer_once(device, role, link).await {
+                Ok(l) => return Ok(l),
+                Err(e) if attempt < LINK_ATTEMPTS => {
+                    eprintln!("head: link {link} to {device}: {e:#}; offering it again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.context(format!("link {link}, {attempt} attempts"))),
+            }
+        }
+    }
+
+    async fn offer_once(&self, device: &str, role: Role, link: u64) -> Result<Link> {
         let (tx, rx) = oneshot::channel();
         self.answers.lock().expect("answers lock").insert(link, tx);
         let (pending, sdp) = rtc::offer(&self.cfg).await?;
@@ -270,7 +290,15 @@ impl Shared {
                 role: Role::Ring,
                 sdp,
             } if peer == HEAD => {
-                let Some(done) = self.incoming.lock().expect("incoming lock").remove(&link) else {
+                // Every attempt the member makes at this link answers into the same slot; the
+                // first to open fills it.
+                let Some(done) = self
+                    .incoming
+                    .lock()
+                    .expect("incoming lock")
+                    .get(&link)
+                    .cloned()
+                else {
                     bail!("member {from} offered link {link}, which the head did not ask for");
                 };
                 let (pending, answer) = rtc::answer(&self.cfg, &sdp).await?;
@@ -283,8 +311,18 @@ impl Shared {
                     },
                 )
                 .await?;
+                let (shared, from) = (self.clone(), from.to_string());
                 tokio::spawn(async move {
-                    let _ = done.send(pending.connected().await);
+                    match pending.connected().await {
+                        Ok(l) => {
+                            shared.incoming.lock().expect("incoming lock").remove(&link);
+                            if let Some(done) = done.lock().expect("slot lock").take() {
+                                let _ = done.send(Ok(l));
+                            }
+                        }
+                        // The member offers again (or gives up and reports it).
+                        Err(e) => eprintln!("head: link {link} from {from}: {e:#}"),
+                    }
                 });
                 Ok(())
             }
@@ -913,8 +951,9 @@ impl Ring<'_> {
     /// Send the plan and assignments, load the head's layers, connect the ring, wait until every
     /// member is ready.
     async fn establish(&mut self) -> Result<(), Failure> {
-        // New members hold no keys.
+        // New members hold no keys; links an earlier plan still waited for are not this one's.
         self.conversation = None;
+        self.shared.incoming.lock().expect("incoming lock").clear();
         for link in self.links.drain(..) {
             self.bytes_sent_before += link.bytes_sent();
             link.close().await;
@@ -987,7 +1026,7 @@ impl Ring<'_> {
                 .incoming
                 .lock()
                 .expect("incoming lock")
-                .insert(link, tx);
+                .insert(link, Arc::new(std::sync::Mutex::new(Some(tx))));
             let last = &self.members[self.members.len() - 1].device;
             let connect = Signal::Connect {
                 link,
@@ -1674,12 +1713,23 @@ impl Ring<'_> {
         let stats = lap_stats(lap_ms.iter().map(|l| l.1).collect());
         let decode_stats = lap_stats(decode);
         // One hop on the wire, for the report (`--format json`) and a client's latency picture.
-        let hop_stats = if stdout_json {
-            Some(self.measure_hops(HOP_PINGS).await?)
+        // A measurement, not the answer: when a ping is lost the turn still stands, without it.
+        let pings = if stdout_json {
+            Some(HOP_PINGS)
         } else if matches!(job.sink, Sink::Client(_)) && !self.members.is_empty() {
-            Some(self.measure_hops(CLIENT_HOP_PINGS).await?)
+            Some(CLIENT_HOP_PINGS)
         } else {
             None
+        };
+        let hop_stats = match pings {
+            Some(n) => match self.measure_hops(n).await {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    eprintln!("head: the hops were not timed: {e:#}");
+                    None
+                }
+            },
+            None => None,
         };
         let hop_ms = hop_stats.as_ref().map(|h| h.p50_ms);
         let picture = if matches!(job.sink, Sink::Client(_)) {

@@ -182,8 +182,9 @@ async fn member(
     // Signaling runs on its own task: offers become links, handed over by role.
     let (ws_tx, mut ws_rx) = mpsc::channel::<Signal>(16);
     let (control_tx, control_rx) = oneshot::channel::<Link>();
-    // Ring links, both directions, with their signaling ids (the head says which are whose).
-    let (ring_tx, mut ring_rx) = mpsc::channel::<(u64, Link)>(4);
+    // Ring links, both directions, with their signaling ids (the head says which are whose); a link
+    // this device offered and could not open in LINK_ATTEMPTS tries comes as its error.
+    let (ring_tx, mut ring_rx) = mpsc::channel::<(u64, Result<Link, String>)>(4);
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
         while let Some(s) = ws_rx.recv().await {
@@ -202,7 +203,7 @@ async fn member(
         let ws_tx = ws_tx.clone();
         tokio::spawn(async move {
             let mut control_tx = Some(control_tx);
-            let mut pending: HashMap<u64, PendingOffer> = HashMap::new();
+            let pending: Offered = Arc::default();
             loop {
                 let signal = match stream.next().await {
                     None | Some(Ok(WsMessage::Close(_))) | Some(Err(_)) => break,
@@ -248,41 +249,53 @@ async fn member(
                                         let _ = tx.send(l);
                                     }
                                     None => {
-                                        let _ = ring.send((link, l)).await;
+                                        let _ = ring.send((link, Ok(l))).await;
                                     }
                                 },
+                                // The offerer tries again (or gives up and says so).
                                 Err(e) => eprintln!("join: link {link}: {e:#}"),
                             }
                         });
                     }
-                    Signal::Connect { link, peer } => match rtc::offer(&cfg).await {
-                        Ok((offering, sdp)) => {
-                            pending.insert(link, offering);
-                            let _ = ws_tx
-                                .send(Signal::Offer {
-                                    link,
-                                    peer,
-                                    role: Role::Ring,
-                                    sdp,
-                                })
-                                .await;
-                        }
-                        Err(e) => eprintln!("join: offering link {link}: {e:#}"),
-                    },
+                    Signal::Connect { link, peer } => {
+                        let offer = OfferLink {
+                            cfg: cfg.clone(),
+                            pending: pending.clone(),
+                            ws: ws_tx.clone(),
+                            ring: ring_tx.clone(),
+                        };
+                        offer.send(link, peer, 1).await;
+                    }
                     Signal::Answer { link, sdp, .. } => {
-                        let Some(offering) = pending.remove(&link) else {
+                        let taken = pending.lock().expect("offers lock").remove(&link);
+                        let Some((offering, peer, attempt)) = taken else {
                             eprintln!(
                                 "join: an answer for link {link}, which this device did not offer"
                             );
                             continue;
                         };
-                        let ring = ring_tx.clone();
+                        let offer = OfferLink {
+                            cfg: cfg.clone(),
+                            pending: pending.clone(),
+                            ws: ws_tx.clone(),
+                            ring: ring_tx.clone(),
+                        };
                         tokio::spawn(async move {
                             match offering.accept(&sdp).await {
                                 Ok(l) => {
-                                    let _ = ring.send((link, l)).await;
+                                    let _ = offer.ring.send((link, Ok(l))).await;
                                 }
-                                Err(e) => eprintln!("join: link {link}: {e:#}"),
+                                Err(e) if attempt < LINK_ATTEMPTS => {
+                                    eprintln!("join: link {link}: {e:#}; offering it again");
+                                    offer.send(link, peer, attempt + 1).await;
+                                }
+                                Err(e) => {
+                                    let why = format!(
+                                        "link {link} to {peer} did not open in {attempt} \
+                                         attempts: {e:#}"
+                                    );
+                                    let _ = offer.ring.send((link, Err(why))).await;
+                                }
                             }
                         });
                     }
@@ -332,6 +345,45 @@ async fn member(
     drop(ws_tx);
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     result
+}
+
+/// Tries at opening a ring link this device offers before it gives up and tells the head (a lost
+/// handshake packet can fail one attempt; a network that loses one packet in fifty stays usable).
+const LINK_ATTEMPTS: u32 = 3;
+
+/// The links this device offered and awaits an answer for: the offer, the peer, which attempt.
+type Offered = Arc<std::sync::Mutex<HashMap<u64, (PendingOffer, String, u32)>>>;
+
+/// What offering one ring link needs: a fresh offer each attempt, sent through the head.
+struct OfferLink {
+    cfg: LinkConfig,
+    pending: Offered,
+    ws: mpsc::Sender<Signal>,
+    ring: mpsc::Sender<(u64, Result<Link, String>)>,
+}
+
+impl OfferLink {
+    async fn send(&self, link: u64, peer: String, attempt: u32) {
+        match rtc::offer(&self.cfg).await {
+            Ok((offering, sdp)) => {
+                self.pending
+                    .lock()
+                    .expect("offers lock")
+                    .insert(link, (offering, peer.clone(), attempt));
+                let offer = Signal::Offer {
+                    link,
+                    peer,
+                    role: Role::Ring,
+                    sdp,
+                };
+                let _ = self.ws.send(offer).await;
+            }
+            Err(e) => {
+                let why = format!("offering link {link} to {peer}: {e:#}");
+                let _ = self.ring.send((link, Err(why))).await;
+            }
+        }
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
@@ -496,7 +548,7 @@ async fn serve_ring(
     control: &Arc<Link>,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     source: &Source<'_>,
-    links: &mut mpsc::Receiver<(u64, Link)>,
+    links: &mut mpsc::Receiver<(u64, Result<Link, String>)>,
 ) -> Result<()> {
     let me = DeviceId::parse(source.device)?;
     let mut placement: Option<Placement> = None;
@@ -596,9 +648,16 @@ async fn serve_ring(
                 }
                 Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
-            Some((id, link)) = links.recv() => {
-                arrived.insert(id, link);
-            }
+            Some((id, link)) = links.recv() => match link {
+                Ok(link) => {
+                    arrived.insert(id, link);
+                }
+                // This plan's link could not be opened: the head hears why and plans around it.
+                Err(why) if expect.is_none_or(|ids| ids.up == id || ids.down == id) => {
+                    break Err(anyhow!(why));
+                }
+                Err(why) => eprintln!("join: {why} (a link of an earlier plan)"),
+            },
             Some(hop) = hop_rx.recv() => {
                 control::send(control, &Message::Hop(hop)).await?;
             }

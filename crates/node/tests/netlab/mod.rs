@@ -167,12 +167,7 @@ fn attach(ns: &str) -> File {
 }
 
 /// Carry packets between the TUN devices until `stop`.
-fn forward(
-    tuns: &[File],
-    faults: &Mutex<Faults>,
-    stop: &AtomicBool,
-    counts: &Mutex<(u64, u64)>,
-) {
+fn forward(tuns: &[File], faults: &Mutex<Faults>, stop: &AtomicBool, counts: &Mutex<(u64, u64)>) {
     let mut queue: VecDeque<(Instant, usize, Vec<u8>)> = VecDeque::new();
     let mut rng = 0x9E37_79B9_7F4A_7C15u64;
     let mut buf = vec![0u8; 65536];
