@@ -986,6 +986,68 @@ fn member_peak_rss(err: &str) -> u64 {
 }
 
 #[test]
+fn no_secret_reaches_a_log_at_trace_a_command_line_or_a_file() {
+    let token = "hf_lab0nlyT0kenNeverShown";
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().to_str().unwrap();
+    let env = [
+        ("RUST_LOG", "trace"),
+        ("HF_TOKEN", token),
+        ("XDG_CACHE_HOME", files),
+        ("XDG_DATA_HOME", files),
+    ];
+    let mut live = Live::start_with(&smollm2(), &long_turn(), &env, &[]);
+    for i in 0..2 {
+        live.join(&format!("member-{i}"), None, &[], &env);
+    }
+    live.wait_for("head: a turn of");
+    let secret = live.join_url.split('#').nth(1).unwrap().to_string();
+    assert!(secret.len() >= 16, "{secret}");
+    // Every process while the turn runs: its command line holds neither.
+    for child in &live.procs.0 {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            !cmdline.contains(&secret) && !cmdline.contains(token),
+            "{cmdline}"
+        );
+    }
+    for child in &mut live.procs.0[1..] {
+        let _ = child.kill();
+    }
+    let run = live.finish();
+    for (who, log) in std::iter::once(("the head", &run.head_err))
+        .chain(run.members_err.iter().map(|e| ("a member", e)))
+    {
+        assert!(!log.is_empty(), "{who} said nothing");
+        assert!(!log.contains(&secret), "{who} logged the ring secret");
+        assert!(!log.contains(token), "{who} logged the token");
+    }
+    // Nor any file the ring wrote (kept layers, the prefix record).
+    let mut seen = 0;
+    let mut dirs = vec![dir.path().to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            seen += 1;
+            for needle in [secret.as_bytes(), token.as_bytes()] {
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle),
+                    "{} holds a secret",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(seen > 0, "the ring wrote no file to look in");
+}
+
+#[test]
 fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
     let model = smollm2();
     let cache = tempfile::tempdir().unwrap();
