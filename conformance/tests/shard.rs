@@ -39,6 +39,24 @@ fn same_bits(model: &Model, resident: &Stage, streamed: &Stage, what: &str) {
     );
 }
 
+/// `layers` of `model` (no head) mapped from the shard at `path`, if there is one for them.
+fn mapped(
+    model: &Model,
+    layers: std::ops::Range<usize>,
+    precision: Precision,
+    path: &std::path::Path,
+) -> Option<Stage> {
+    Stage::load_mapped(
+        &model.checkpoint,
+        &model.config,
+        layers,
+        false,
+        precision,
+        path,
+    )
+    .unwrap()
+}
+
 #[test]
 fn a_streamed_stage_equals_the_resident_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -92,17 +110,7 @@ fn a_mapped_stage_equals_the_resident_one() {
             let path = dir
                 .path()
                 .join(format!("{name}-{}.shard", precision.name()));
-            let map = || {
-                Stage::load_mapped(
-                    &model.checkpoint,
-                    &model.config,
-                    1..n,
-                    false,
-                    precision,
-                    &path,
-                )
-                .unwrap()
-            };
+            let map = || mapped(&model, 1..n, precision, &path);
             assert!(map().is_none(), "{what}: mapped before it was written");
             let resident = model.stage(1..n, false, precision).unwrap();
             resident.write_shard(&path).unwrap();
@@ -134,17 +142,8 @@ fn smollm2_streams_its_layers_bit_for_bit() {
     same_bits(&model, &resident, &streamed, "SmolLM2 layers 10..20");
     let path = dir.path().join("smollm2-resident.shard");
     resident.write_shard(&path).unwrap();
-    let mapped = Stage::load_mapped(
-        &model.checkpoint,
-        &model.config,
-        10..20,
-        false,
-        Precision::Int8,
-        &path,
-    )
-    .unwrap()
-    .expect("the shard just written");
-    same_bits(&model, &resident, &mapped, "SmolLM2 layers 10..20, mapped");
+    let again = mapped(&model, 10..20, Precision::Int8, &path).expect("the shard just written");
+    same_bits(&model, &resident, &again, "SmolLM2 layers 10..20, mapped");
 }
 
 #[test]
@@ -187,29 +186,13 @@ fn a_shard_cut_short_or_changed_is_refused() {
     assert!(!path.exists(), "a shard that failed its hash was kept");
     // The same, mapped by a resident stage: refused on first use, and removed.
     std::fs::write(&path, &changed).unwrap();
-    let mapped = Stage::load_mapped(
-        &model.checkpoint,
-        &model.config,
-        0..n,
-        false,
-        Precision::Int8,
-        &path,
-    )
-    .unwrap()
-    .expect("a shard whose header and size agree is mapped");
-    let e = mapped.forward(&mut x, 2, 0, None).unwrap_err().to_string();
+    let map = mapped(&model, 0..n, Precision::Int8, &path)
+        .expect("a shard whose header and size agree is mapped");
+    let e = map.forward(&mut x, 2, 0, None).unwrap_err().to_string();
     assert!(e.contains("does not match its SHA-256"), "{e}");
     assert!(!path.exists(), "a shard that failed its hash was kept");
     // Cut short: not mapped at all.
     std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
-    let cut = Stage::load_mapped(
-        &model.checkpoint,
-        &model.config,
-        0..n,
-        false,
-        Precision::Int8,
-        &path,
-    )
-    .unwrap();
+    let cut = mapped(&model, 0..n, Precision::Int8, &path);
     assert!(cut.is_none(), "a truncated shard was mapped");
 }
