@@ -7,7 +7,7 @@
 //! - HTTP (`reqwest`) only in `daisy-loader`;
 //! - `tokenizers` is the oracle of `daisy-tokenizer`: a dev-dependency, never a normal one;
 //! - nothing async in the sync crates (`daisy-gemm-int8`, `daisy-model`, `daisy-wire`, `daisy-ring`,
-//!   `daisy-engine`);
+//!   `daisy-engine`, `daisy-signal`);
 //! - internal crates depend only on the internal crates [`INTERNAL`] allows them, and a workspace
 //!   package missing from that table is itself a violation, so a new crate gets a row.
 //!
@@ -34,6 +34,7 @@ const SYNC_CRATES: &[&str] = &[
     "daisy-wire",
     "daisy-ring",
     "daisy-engine",
+    "daisy-signal",
 ];
 const ASYNC: &[&str] = &[
     "tokio",
@@ -54,8 +55,8 @@ const LIBRARIES: &[&str] = &[
     "daisy-ring",
 ];
 
-/// Every internal package and the internal packages it may depend on (`None`: the libraries and
-/// `daisy-engine`).
+/// Every internal package and the internal packages it may depend on (`None`: the libraries,
+/// `daisy-engine` and `daisy-signal`).
 const INTERNAL: &[(&str, Option<&[&str]>)] = &[
     ("daisy-gemm-int8", Some(&[])),
     ("daisy-wgsl", Some(&["daisy-gemm-int8"])),
@@ -65,6 +66,7 @@ const INTERNAL: &[(&str, Option<&[&str]>)] = &[
     ("daisy-wire", Some(&[])),
     ("daisy-ring", Some(&["daisy-wire"])),
     ("daisy-engine", Some(LIBRARIES)),
+    ("daisy-signal", Some(&["daisy-wire"])),
     ("node", None),
     ("daisy-conformance", None),
     ("xtask", None),
@@ -72,7 +74,10 @@ const INTERNAL: &[(&str, Option<&[&str]>)] = &[
 
 /// What a `None` row of [`INTERNAL`] allows.
 fn libraries_and_engine() -> impl Iterator<Item = &'static str> {
-    LIBRARIES.iter().copied().chain(["daisy-engine"])
+    LIBRARIES
+        .iter()
+        .copied()
+        .chain(["daisy-engine", "daisy-signal"])
 }
 
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
@@ -237,6 +242,10 @@ mod tests {
             ("daisy-wire", &[("postcard", NORMAL, false)]),
             ("daisy-ring", &[("daisy-wire", NORMAL, false)]),
             (
+                "daisy-signal",
+                &[("daisy-wire", NORMAL, false), ("serde_json", NORMAL, false)],
+            ),
+            (
                 "daisy-engine",
                 &[
                     ("daisy-model", NORMAL, false),
@@ -250,6 +259,7 @@ mod tests {
                 &[
                     ("daisy-engine", NORMAL, false),
                     ("daisy-wgsl", NORMAL, false),
+                    ("daisy-signal", NORMAL, false),
                     ("tokio", NORMAL, false),
                     ("axum", NORMAL, false),
                     ("futures-util", NORMAL, false),
@@ -307,7 +317,7 @@ mod tests {
             [
                 "daisy-conformance -> node: daisy-conformance may depend only on the internal crates \
                  daisy-gemm-int8, daisy-wgsl, daisy-loader, daisy-tokenizer, daisy-model, daisy-wire, \
-                 daisy-ring, daisy-engine",
+                 daisy-ring, daisy-engine, daisy-signal",
                 "daisy-extra: a workspace package missing from the dependency table of xtask/src/tidy.rs",
                 "daisy-loader -> daisy-model: daisy-loader may depend only on the internal crates daisy-wire",
                 "daisy-model -> tokio: only node may depend on tokio",

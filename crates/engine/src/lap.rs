@@ -133,6 +133,9 @@ pub struct Member<'a> {
     cache: Option<StageCache>,
     /// The turn whose keys `cache` holds, as [`Member::begin`] was told.
     cache_turn: Option<u64>,
+    /// The turn and lap of the last activation this stage ran: laps only go forward (a turn's
+    /// laps in order, a later turn's after an earlier's), so a replayed one is refused by name.
+    last: Option<(u64, usize)>,
 }
 
 impl<'a> Member<'a> {
@@ -145,6 +148,7 @@ impl<'a> Member<'a> {
             stage,
             cache: None,
             cache_turn: None,
+            last: None,
         }
     }
 
@@ -183,6 +187,16 @@ impl<'a> Member<'a> {
             pos0: act.positions().start,
             rows: act.rows(),
         };
+        if let Some((turn, lap)) = self.last
+            && (header.turn, header.lap) <= (turn, lap)
+        {
+            return Err(Error::Invalid(format!(
+                "stage {i} refused lap {} of turn {}: it ran lap {lap} of turn {turn} already (a \
+                 replayed or reordered activation)",
+                header.lap, header.turn
+            )));
+        }
+        self.last = Some((header.turn, header.lap));
         let hop = act.hop();
         let mut data = act.into_data();
         let cache = if cached {

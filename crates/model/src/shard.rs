@@ -205,6 +205,7 @@ impl ShardWriter {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
+        sweep_orphans(path);
         let tmp = path.with_extension(format!("shard.{}.tmp", std::process::id()));
         let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
         file.write_all(&vec![0u8; header_len(key.layers.len())])
@@ -246,6 +247,37 @@ impl ShardWriter {
         file.write_all_at(&header, 0).map_err(io)?;
         file.sync_all().map_err(io)?;
         std::fs::rename(&self.tmp, &self.path).map_err(io)
+    }
+}
+
+/// Remove what a writer of `path` that died before its rename left (`<name>.shard.<pid>.tmp` of a
+/// process that no longer runs). Such a file is never read (only the renamed name is), but a
+/// member killed mid-download would otherwise leave one behind at every crash. Where `/proc` does
+/// not tell which processes run, nothing is removed.
+fn sweep_orphans(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_stem().and_then(|n| n.to_str())) else {
+        return;
+    };
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = format!("{name}.shard.");
+    for entry in entries.flatten() {
+        let file = entry.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|f| f.strip_suffix(".tmp"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
 
@@ -613,5 +645,29 @@ mod tests {
         let mut huge = Vec::new();
         Put(&mut huge).u64(u64::MAX);
         assert!(Take::new(&huge, "a test").f32s().is_err());
+    }
+
+    #[test]
+    fn a_dead_writers_temporary_file_is_removed_and_no_other() {
+        let dir = std::env::temp_dir().join(format!("daisy-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // No pid reaches 4194304 (Linux's limit): 99999999 is a writer that died.
+        let names = [
+            "2-30-int8.shard.99999999.tmp",
+            &format!("2-30-int8.shard.{}.tmp", std::process::id()),
+            "2-31-int8.shard.99999999.tmp",
+            "2-30-int8.shard",
+        ];
+        for n in &names {
+            std::fs::write(dir.join(n), b"x").unwrap();
+        }
+        sweep_orphans(&dir.join("2-30-int8.shard"));
+        let left: Vec<bool> = names.iter().map(|n| dir.join(n).exists()).collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        if Path::new("/proc/self").exists() {
+            assert_eq!(left, [false, true, true, true]);
+        } else {
+            assert_eq!(left, [true, true, true, true]);
+        }
     }
 }

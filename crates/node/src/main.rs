@@ -10,7 +10,6 @@ mod cmd;
 mod control;
 mod net;
 mod rtc;
-mod signal;
 #[cfg(feature = "test-hooks")]
 mod test_hooks;
 

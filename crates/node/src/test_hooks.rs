@@ -9,6 +9,8 @@
 //! - `DAISY_TEST_VERIFY_FRESH=1`: the head's Verify recomputes a turn that continued a
 //!   conversation's keys as a fresh prompt (the conversation's passes not replayed), so it must
 //!   report a mismatch: the mutation of the KV-reuse test.
+//! - `DAISY_TEST_KILL_AT_FETCHED=PERCENT`: a member kills itself (SIGKILL: no destructor, no
+//!   handler runs) once that share of its layers' bytes is fetched — a crash mid-download.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -80,24 +82,33 @@ pub(crate) fn drop_a_layer(layers: std::ops::Range<usize>) -> std::ops::Range<us
 /// `hash` (one bit of the data flipped, the integrity hash left as it was), `replay` (the bytes of
 /// its previous activation again), `stage` (addressed to another stage), `garbage` (bytes that are
 /// no message) or `unfinished` (the first frame of a two-frame message, and never the second) — so
-/// a test can show the receiver refuses each by name. (A frame over the size limit cannot be sent:
+/// a test can show the receiver refuses each by name. `turn` sends, as the third activation of
+/// the second turn, the bytes of the first activation of the first turn. (A frame over the size limit cannot be sent:
 /// the data channel refuses it before it leaves; the wire's frame tests refuse it on receipt.)
 pub(crate) struct BadFrame {
     kind: String,
     previous: Option<Vec<u8>>,
     sent: usize,
     done: bool,
+    /// `turn`: the first activation sent, and how many of a later turn's were sent since.
+    first: Option<(u64, Vec<u8>)>,
 }
 
 impl BadFrame {
+    /// Once per process: a member's next plan (after the replay) sends nothing bad.
     pub(crate) fn from_env() -> Option<Self> {
+        static TAKEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let kind = std::env::var("DAISY_TEST_BAD_FRAME").ok()?;
+        if TAKEN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
         eprintln!("join: DAISY_TEST_BAD_FRAME={kind}: one activation will be bad on purpose");
         Some(Self {
             kind,
             previous: None,
             sent: 0,
             done: false,
+            first: None,
         })
     }
 
@@ -106,6 +117,19 @@ impl BadFrame {
     pub(crate) fn send(&mut self, bytes: Vec<u8>) -> Vec<u8> {
         if self.done {
             return bytes;
+        }
+        if self.kind == "turn" {
+            let turn = daisy_wire::peek_activation_turn(&bytes).expect("an activation");
+            match &self.first {
+                None => self.first = Some((turn, bytes.clone())),
+                Some((first, _)) if *first != turn => self.sent += 1,
+                Some(_) => {}
+            }
+            if self.sent < 3 {
+                return bytes;
+            }
+            self.done = true;
+            return self.first.take().expect("kept above").1;
         }
         self.sent += 1;
         let previous = self.previous.replace(bytes.clone());
@@ -151,7 +175,9 @@ impl BadFrame {
                 daisy_wire::encode(&daisy_wire::Message::Activation(moved))
             }
             other => {
-                panic!("DAISY_TEST_BAD_FRAME={other}: hash, replay, stage, garbage or unfinished")
+                panic!(
+                    "DAISY_TEST_BAD_FRAME={other}: hash, replay, stage, garbage, unfinished or turn"
+                )
             }
         }
     }
@@ -172,4 +198,26 @@ pub(crate) fn raw_frames(id: u64, message: &[u8]) -> Option<Vec<Vec<u8>>> {
         payload: vec![0u8; daisy_wire::MAX_FRAME_PAYLOAD],
     };
     Some(vec![frame.to_bytes()])
+}
+
+/// SIGKILL this process once `done` of `total` bytes reach `$DAISY_TEST_KILL_AT_FETCHED` percent.
+pub(crate) fn kill_at(done: u64, total: u64) {
+    static AT: OnceLock<Option<u64>> = OnceLock::new();
+    let at = AT.get_or_init(|| {
+        std::env::var("DAISY_TEST_KILL_AT_FETCHED")
+            .ok()?
+            .parse()
+            .ok()
+    });
+    if let Some(at) = *at
+        && done * 100 >= at * total.max(1)
+    {
+        eprintln!("join: DAISY_TEST_KILL_AT_FETCHED={at}: killed with {done} of {total} bytes");
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: kill(2) on this process's own pid; SIGKILL ends it at once.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        std::process::abort();
+    }
 }

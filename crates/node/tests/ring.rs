@@ -1162,6 +1162,82 @@ fn a_member_streaming_its_layers_gives_the_same_ids_below_their_size() {
     }
 }
 
+/// Every file under the cache folder's shards, by name.
+fn shard_files(cache: &Path) -> Vec<String> {
+    let Ok(dirs) = std::fs::read_dir(cache.join("daisychain-infer/shards")) else {
+        return Vec::new();
+    };
+    dirs.flat_map(|d| std::fs::read_dir(d.unwrap().path()).unwrap())
+        .map(|f| f.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_member_killed_mid_download_refetches_and_never_reads_what_it_left() {
+    if !test_hooks() {
+        return;
+    }
+    let model = smollm2();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    let prompt = "The capital of France is";
+    let generate = ["--max-new-tokens", "12", "--ignore-eos"];
+    let mut head_args = vec!["--stages", "2,28", "--prompt", prompt, "--format", "json"];
+    head_args.extend(generate);
+    let oracle = one_process(&model, "2,28", prompt, &generate);
+    let own: u64 = common::tensor_bytes(&model.join("model.safetensors"))
+        .iter()
+        .filter(|(name, _)| common::layer_of(name).is_some_and(|l| (2..30).contains(&l)))
+        .map(|(_, b)| b)
+        .sum();
+    // A streaming member writes its shard while its layers arrive: killed (SIGKILL) at half of
+    // them, it leaves a part-written temporary file and no shard. The head plans around it.
+    let mut live = Live::start(&model, &head_args, &[]);
+    let killed = [env[0], ("DAISY_TEST_KILL_AT_FETCHED", "50")];
+    live.join("member-0", None, &["--max-resident-layers", "2"], &killed);
+    let run = live.finish();
+    assert!(!run.members_ok[0], "{}", run.members_err[0]);
+    assert!(
+        run.members_err[0].contains("killed with"),
+        "{}",
+        run.members_err[0]
+    );
+    assert!(
+        run.head_err.contains("member-0 is left out"),
+        "{}",
+        run.head_err
+    );
+    assert_eq!(run.report()["ids"], oracle["ids"]);
+    let left = shard_files(cache.path());
+    assert!(
+        left.len() == 1 && left[0].ends_with(".tmp"),
+        "what the killed member left: {left:?}"
+    );
+    // Started again: the part is not read as a shard; every layer is fetched again, the shard
+    // written whole, and the dead writer's part removed.
+    let mut live = Live::start(&model, &head_args, &[]);
+    live.join("member-0", None, &["--max-resident-layers", "2"], &env);
+    let run = live.finish();
+    let report = run.report();
+    let err = &run.members_err[0];
+    assert!(
+        err.contains("written now") && !err.contains("was there already"),
+        "{err}"
+    );
+    assert!(
+        report["bytes_served"]["member-0"].as_u64() > Some(own),
+        "{}",
+        report["bytes_served"]
+    );
+    assert_eq!(ids_and_hops(&report), ids_and_hops(&oracle));
+    assert_eq!(report["verify"]["match"], true);
+    let left = shard_files(cache.path());
+    assert!(
+        left.len() == 1 && left[0].ends_with(".shard"),
+        "the cache after the restart: {left:?}"
+    );
+}
+
 #[test]
 fn verify_beyond_the_heads_memory_streams_the_layers_and_catches_a_dropped_one() {
     if !test_hooks() {
@@ -1259,6 +1335,96 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
         assert_eq!(report["verify"]["match"], true, "{kind}");
         assert_eq!(report["ids"], oracle["ids"], "{kind}");
     }
+}
+
+#[test]
+fn a_member_replaying_an_earlier_turns_activation_is_refused_by_name() {
+    if !test_hooks() {
+        return;
+    }
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let mut live = Live::start(
+        &gpt2,
+        &[
+            "--stages",
+            "1,2",
+            "--max-new-tokens",
+            "5",
+            "--ignore-eos",
+            "--format",
+            "json",
+        ],
+        &[],
+    );
+    // Its third activation of the second turn is its first of the first turn again.
+    live.join("member-0", None, &[], &[("DAISY_TEST_BAD_FRAME", "turn")]);
+    live.wait_for("head: the ring is connected");
+    live.prompt("Hello");
+    live.prompt("Once upon a time");
+    let run = live.finish();
+    let reports = run.reports();
+    assert_eq!(reports.len(), 2, "{}", run.head_err);
+    let refused = run
+        .head_err
+        .lines()
+        .find(|l| l.contains("failed mid-turn"))
+        .unwrap_or_else(|| panic!("no refusal in\n{}", run.head_err));
+    assert!(
+        refused.contains("member-0")
+            && refused.contains("lap 0 of turn 1 is no lap in flight")
+            && refused.contains("replayed"),
+        "{refused}"
+    );
+    let extra = ["--max-new-tokens", "5", "--ignore-eos"];
+    for (report, (prompt, replays)) in reports.iter().zip([("Hello", 0), ("Once upon a time", 1)]) {
+        let oracle = one_process(&gpt2, "1,2", prompt, &extra);
+        assert_eq!(report["replays"], replays, "{prompt}");
+        assert_eq!(report["verify"]["match"], true, "{prompt}");
+        assert_eq!(report["ids"], oracle["ids"], "{prompt}");
+    }
+}
+
+#[test]
+fn a_replayed_activation_is_refused_by_the_member_it_reaches() {
+    if !test_hooks() {
+        return;
+    }
+    let gpt2 = root().join("fixtures/tiny/gpt2");
+    let mut args = tiny_turn_of("1,1,1");
+    args[5] = "5";
+    let mut live = Live::start(&gpt2, &args, &[]);
+    // Each member would send its second activation again in place of its third: stage 1's
+    // reaches stage 2 before stage 2 sends a third (the plan picks which member is which).
+    for name in ["member-0", "member-1"] {
+        live.join(name, None, &[], &[("DAISY_TEST_BAD_FRAME", "replay")]);
+    }
+    let run = live.finish();
+    let report = run.report();
+    let second = run
+        .head_err
+        .lines()
+        .find_map(|l| l.strip_prefix("head: stage 2 = "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no stage 2 in\n{}", run.head_err));
+    let refused = run
+        .head_err
+        .lines()
+        .find(|l| l.contains("failed mid-turn"))
+        .unwrap_or_else(|| panic!("no refusal in\n{}", run.head_err));
+    assert!(
+        refused.starts_with(&format!("head: {second} failed mid-turn"))
+            && refused.contains("stage 2 refused lap 1 of turn 1: it ran lap 1 of turn 1 already"),
+        "{refused}"
+    );
+    let oracle = one_process(
+        &gpt2,
+        "1,1,1",
+        "Hello",
+        &["--max-new-tokens", "5", "--ignore-eos"],
+    );
+    assert_eq!(report["replays"], 1);
+    assert_eq!(report["verify"]["match"], true);
+    assert_eq!(report["ids"], oracle["ids"]);
 }
 
 /// A turn of SmolLM2 over three hosts of a [`Lab`] — the head on host 0 (10.77.0.1), a member on

@@ -6,7 +6,7 @@
 //! own layers, sends the hidden state around, applies the lm_head, samples, and streams the answer.
 //! Verify re-runs the turn with every layer on the head and compares the ids.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::ControlFlow;
@@ -44,8 +44,8 @@ use super::prefixes::{Prefixes, Seen};
 use super::view::SharedView;
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
-use crate::signal::{HEAD, JoinUrl, Role, Secret, Signal, nonce};
 use daisy_loader::hub::HubClient;
+use daisy_signal::{HEAD, JoinUrl, Role, Secret, Signal, member_name, nonce};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -371,7 +371,7 @@ async fn ring_socket(
     State(shared): State<Arc<Shared>>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
 ) -> Response {
-    ws.max_message_size(crate::signal::MAX_SIGNAL_BYTES)
+    ws.max_message_size(daisy_signal::MAX_SIGNAL_BYTES)
         .on_upgrade(move |socket| async move {
             if let Err(e) = member_session(socket, shared, addr).await {
                 eprintln!("head: {addr}: {e:#}");
@@ -391,7 +391,7 @@ async fn next_signal(socket: &mut WebSocket) -> Result<Option<Signal>> {
         match socket.recv().await {
             None => return Ok(None),
             Some(Err(e)) => return Err(anyhow!("signaling connection failed: {e}")),
-            Some(Ok(WsMessage::Text(text))) => return Signal::parse(&text).map(Some),
+            Some(Ok(WsMessage::Text(text))) => return Ok(Some(Signal::parse(&text)?)),
             Some(Ok(WsMessage::Close(_))) => return Ok(None),
             Some(Ok(WsMessage::Binary(_))) => bail!("binary signaling message refused"),
             Some(Ok(_)) => {}
@@ -432,9 +432,8 @@ async fn member_session(
                 send_signal(&mut socket, &r).await?;
                 bail!("refused: wrong ring secret");
             }
-            if DeviceId::parse(&device).is_err() || device == HEAD {
-                let r =
-                    refuse("device name refused: expected 1-64 of A-Z a-z 0-9 . _ -, not `head`");
+            if let Err(e) = member_name(&device) {
+                let r = refuse(&e.to_string());
                 send_signal(&mut socket, &r).await?;
                 bail!("refused: bad device name");
             }
@@ -504,7 +503,7 @@ async fn member_session(
             Some(Err(e)) => break Err(anyhow!("signaling connection failed: {e}")),
             Some(Ok(WsMessage::Text(text))) => match Signal::parse(&text) {
                 Ok(s) => s,
-                Err(e) => break Err(e),
+                Err(e) => break Err(e.into()),
             },
             Some(Ok(_)) => continue,
         };
@@ -905,6 +904,9 @@ struct Ring<'a> {
     /// The slowest lap so far, for the stall timeout.
     slowest_lap: Duration,
     next_turn: u64,
+    /// The laps of turns the head gave up that it sent and has not had back: one of them may
+    /// still come back, and is skipped; any other lap of an earlier turn is a replayed frame.
+    abandoned: HashMap<u64, BTreeSet<usize>>,
     /// The head's probe of the Hello seed, for devices that join later.
     head_probe: (daisy_wire::Hash, f64),
     /// Bytes the head has sent on ring links that are closed now.
@@ -917,6 +919,8 @@ struct Ring<'a> {
     prefixes: Option<Prefixes>,
 }
 
+/// How many turns back the head still expects a given-up turn's laps (see `Ring::abandoned`).
+const ABANDONED_TURNS_KEPT: u64 = 16;
 /// Longest wait for the first lap of a ring (a prefill chunk on the slowest member).
 const FIRST_LAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// Heartbeat round trips per member that time a hop (`--format json`).
@@ -1409,6 +1413,10 @@ impl Ring<'_> {
                 .as_ref()
                 .map_or_else(Vec::new, |c| c.history(kept)),
         };
+        let mut abandoned = std::mem::take(&mut self.abandoned);
+        // The laps sent and not back yet, the oldest first.
+        let mut outstanding: std::collections::VecDeque<(LapHeader, Instant, f64)> =
+            std::collections::VecDeque::new();
         let generated = tokio::task::block_in_place(|| {
             let mut stdout = std::io::stdout().lock();
             // A lap's return, checked; an earlier attempt's laps still on their way are skipped.
@@ -1440,7 +1448,15 @@ impl Ring<'_> {
                             };
                             let (got, data) = returned(plan, head, &bytes).map_err(refuse)?;
                             if got.turn != turn {
-                                continue;
+                                let in_flight = abandoned.get_mut(&got.turn);
+                                if in_flight.is_some_and(|laps| laps.remove(&got.lap)) {
+                                    continue;
+                                }
+                                return Err(refuse(daisy_engine::Error::Invalid(format!(
+                                    "lap {} of turn {} is no lap in flight (turn {turn} runs): a \
+                                     replayed or forged activation",
+                                    got.lap, got.turn
+                                ))));
                             }
                             if got != header {
                                 return Err(refuse(daisy_engine::Error::Invalid(format!(
@@ -1475,8 +1491,6 @@ impl Ring<'_> {
                     }
                 }
             };
-            let mut outstanding: std::collections::VecDeque<(LapHeader, Instant, f64)> =
-                std::collections::VecDeque::new();
             let mut lap = |pass: daisy_model::Pass| -> daisy_engine::Result<Vec<f32>> {
                 let header = LapHeader {
                     turn,
@@ -1493,8 +1507,9 @@ impl Ring<'_> {
                 };
                 // At most `in_flight` laps around the ring at once: the oldest comes back first.
                 while outstanding.len() >= in_flight {
-                    let (h, t, ms) = outstanding.pop_front().expect("not empty");
+                    let (h, t, ms) = *outstanding.front().expect("not empty");
                     wait_back(h, t, ms)?;
+                    outstanding.pop_front();
                 }
                 if to_ring.blocking_send(sent.bytes).is_err() {
                     let device = first.clone().unwrap_or_default();
@@ -1507,8 +1522,9 @@ impl Ring<'_> {
                     return Ok(Vec::new());
                 }
                 let mut data = Vec::new();
-                while let Some((h, t, ms)) = outstanding.pop_front() {
+                while let Some(&(h, t, ms)) = outstanding.front() {
                     data = wait_back(h, t, ms)?;
+                    outstanding.pop_front();
                 }
                 Ok(data)
             };
@@ -1545,6 +1561,12 @@ impl Ring<'_> {
             })
         });
         self.slowest_lap = slowest;
+        // What a failed attempt left on its way may still come back; a few turns' worth is kept.
+        for (h, _, _) in outstanding {
+            abandoned.entry(h.turn).or_default().insert(h.lap);
+        }
+        abandoned.retain(|&t, laps| !laps.is_empty() && t + ABANDONED_TURNS_KEPT > turn);
+        self.abandoned = abandoned;
         let generated = match generated {
             Ok(g) => {
                 if let Some(c) = conversation.as_mut() {
@@ -2238,6 +2260,7 @@ async fn drive(
         links: Vec::new(),
         slowest_lap: Duration::ZERO,
         next_turn: 1,
+        abandoned: HashMap::new(),
         head_probe,
         bytes_sent_before: 0,
         conversation: None,

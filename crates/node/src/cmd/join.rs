@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use super::options::{ComputeArgs, KeepArgs, ResidencyArgs};
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig, PendingOffer};
-use crate::signal::{JoinUrl, Role, Secret, Signal};
+use daisy_signal::{JoinUrl, Role, Secret, Signal};
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -131,7 +131,7 @@ async fn next_signal(ws: &mut Ws) -> Result<Option<Signal>> {
         match ws.next().await {
             None | Some(Ok(WsMessage::Close(_))) => return Ok(None),
             Some(Err(e)) => return Err(anyhow!("signaling connection failed: {e}")),
-            Some(Ok(WsMessage::Text(t))) => return Signal::parse(&t).map(Some),
+            Some(Ok(WsMessage::Text(t))) => return Ok(Some(Signal::parse(&t)?)),
             Some(Ok(WsMessage::Binary(_))) => bail!("binary signaling message refused"),
             Some(Ok(_)) => {}
         }
@@ -337,7 +337,13 @@ async fn member(
     let result = serve_ring(&control, &backend, &source, &mut ring_rx).await;
     if let Err(e) = &result {
         let report = Message::Error(error_report(None, &format!("{e:#}")));
-        let _ = control::send(&control, &report).await;
+        if control::send(&control, &report).await.is_ok() {
+            // A sent message is only queued: closing at once could lose it, and the head would
+            // hear only that the link closed. The head closes its end once it has read it.
+            let read_until_closed =
+                async { while let Ok(Some(_)) = control::recv(&control).await {} };
+            let _ = tokio::time::timeout(REPORT_GRACE, read_until_closed).await;
+        }
     }
     control.close().await;
     signaling.abort();
@@ -346,6 +352,9 @@ async fn member(
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     result
 }
+
+/// How long a member that failed waits for the head to read its report before it closes.
+const REPORT_GRACE: Duration = Duration::from_secs(3);
 
 /// Tries at opening a ring link this device offers before it gives up and tells the head (a lost
 /// handshake packet can fail one attempt; a network that loses one packet in fifty stays usable).
@@ -768,6 +777,8 @@ fn load(
             let done = fetched.saturating_sub(start);
             bar.set_position(done);
             let _ = progress.try_send((done, total));
+            #[cfg(feature = "test-hooks")]
+            crate::test_hooks::kill_at(done, total);
         }));
     }
     let t0 = Instant::now();
@@ -887,6 +898,8 @@ fn compute(
         let result = match msg {
             Input::Turn(t) => {
                 turns.insert(t.turn, t.cached);
+                // Only the latest turn runs (see `dispatch`): the map stays small.
+                turns.retain(|&turn, _| turn + OLD_TURNS_KEPT > t.turn);
                 if t.cached
                     && let Err(e) = member.borrow_mut().begin(t.turn, t.continues)
                 {
@@ -906,6 +919,9 @@ fn compute(
     }
 }
 
+/// How many turns back a member still knows a turn's start.
+const OLD_TURNS_KEPT: u64 = 16;
+
 /// One step of the stage: the activation's bytes, its turn, whether the turn is cached.
 type Step<'a> = dyn FnMut(&[u8], u64, bool) -> Result<()> + 'a;
 
@@ -917,6 +933,14 @@ fn dispatch(
     step: &mut Step<'_>,
 ) -> Result<()> {
     let turn = turn_of(bytes)?;
+    // A turn the head gave up (it replays under a new number): its laps still on their way are
+    // not run, so they cannot touch the keys the new turn writes.
+    if let Some(latest) = turns.keys().max()
+        && turn < *latest
+    {
+        eprintln!("join: an activation of turn {turn} skipped: turn {latest} began");
+        return Ok(());
+    }
     match turns.get(&turn) {
         Some(&cached) => step(bytes, turn, cached),
         None if waiting.len() < 4 => {

@@ -5,26 +5,54 @@
 //! HMAC-SHA256 of the nonce under the ring secret. The head compares in constant time and refuses a
 //! wrong proof before any WebRTC is set up. The secret itself never crosses the wire, never enters a
 //! URL the node builds, a log or a file, and is wiped from memory when dropped.
+//!
+//! Everything here is a pure function of its input (no I/O): what the head accepts from an unknown
+//! peer is decided in this crate, and `fuzz/` drives it with arbitrary bytes.
 
 use std::fmt;
 
-use anyhow::{Context, Result, bail};
+use daisy_wire::DeviceId;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use zeroize::Zeroizing;
 
 /// Largest signaling message accepted (a session description with its candidates is a few KiB).
-pub(crate) const MAX_SIGNAL_BYTES: usize = 64 * 1024;
+pub const MAX_SIGNAL_BYTES: usize = 64 * 1024;
 /// Domain tag of the join proof.
 const PROOF_TAG: &[u8] = b"daisy-join-v1";
 /// The device name the head goes by in signaling.
-pub(crate) const HEAD: &str = "head";
+pub const HEAD: &str = "head";
+
+/// What signaling refuses, by name.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("signaling message of {len} bytes, at most {MAX_SIGNAL_BYTES} accepted")]
+    TooLarge { len: usize },
+    #[error("malformed signaling message: {0}")]
+    Malformed(#[from] serde_json::Error),
+    #[error("the head's nonce is not hex")]
+    Nonce,
+    #[error("the ring secret has {len} characters, expected at least 32 (128 bits as hex)")]
+    SecretShort { len: usize },
+    #[error("the ring secret may hold only letters, digits and - _ . ~")]
+    SecretCharacters,
+    #[error("device name refused: expected 1-64 of A-Z a-z 0-9 . _ -, not `head`")]
+    DeviceName,
+    #[error("the join URL must start with http:// (the head prints it when it starts)")]
+    JoinScheme,
+    #[error("the join URL names no head address")]
+    JoinAddress,
+    #[error("the join URL's address is not host:port: {0}")]
+    JoinAuthority(#[from] http::uri::InvalidUri),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// One signaling message. Unknown fields and types are refused.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum Signal {
+pub enum Signal {
     /// Head → member: prove the secret over this nonce (hex, 32 bytes).
     Challenge { nonce: String },
     /// Member → head: its device name and the proof (hex HMAC-SHA256).
@@ -52,35 +80,40 @@ pub(crate) enum Signal {
 }
 
 impl Signal {
-    pub(crate) fn to_json(&self) -> String {
+    pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("signals serialize")
     }
 
     /// Parse one message, refusing oversized or malformed ones by name.
-    pub(crate) fn parse(text: &str) -> Result<Self> {
+    pub fn parse(text: &str) -> Result<Self> {
         if text.len() > MAX_SIGNAL_BYTES {
-            bail!(
-                "signaling message of {} bytes, at most {MAX_SIGNAL_BYTES} accepted",
-                text.len()
-            );
+            return Err(Error::TooLarge { len: text.len() });
         }
-        serde_json::from_str(text).context("malformed signaling message")
+        Ok(serde_json::from_str(text)?)
     }
 }
 
 /// What a link carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Role {
+pub enum Role {
     /// The head's control channel to one member (hello, probe, plan, progress, turns, hops).
     Control,
     /// One leg of the ring: activations from the offerer to the answerer.
     Ring,
 }
 
+/// A member's device name as the head admits it: `wire`'s device grammar, and never the head's own.
+pub fn member_name(device: &str) -> Result<()> {
+    if device == HEAD || DeviceId::parse(device).is_err() {
+        return Err(Error::DeviceName);
+    }
+    Ok(())
+}
+
 /// The ring secret: at least 128 random bits, shown once in the join URL and otherwise only held.
 #[derive(Clone)]
-pub(crate) struct Secret(Zeroizing<String>);
+pub struct Secret(Zeroizing<String>);
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,31 +123,28 @@ impl fmt::Debug for Secret {
 
 impl Secret {
     /// 128 fresh random bits, as 32 hex digits.
-    pub(crate) fn random() -> Self {
+    pub fn random() -> Self {
         let bytes: [u8; 16] = rand::random();
         Self(Zeroizing::new(hex::encode(bytes)))
     }
 
     /// A secret given by the user: refused when shorter than 32 characters (128 bits of hex), or
     /// when it holds characters that a URL fragment would have to escape.
-    pub(crate) fn parse(text: &str) -> Result<Self> {
+    pub fn parse(text: &str) -> Result<Self> {
         let text = text.trim();
         if text.len() < 32 {
-            bail!(
-                "the ring secret has {} characters, expected at least 32 (128 bits as hex)",
-                text.len()
-            );
+            return Err(Error::SecretShort { len: text.len() });
         }
         if !text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b))
         {
-            bail!("the ring secret may hold only letters, digits and - _ . ~");
+            return Err(Error::SecretCharacters);
         }
         Ok(Self(Zeroizing::new(text.to_string())))
     }
 
-    pub(crate) fn expose(&self) -> &str {
+    pub fn expose(&self) -> &str {
         &self.0
     }
 
@@ -129,15 +159,15 @@ impl Secret {
     }
 
     /// The proof a member sends for `nonce` under its device name.
-    pub(crate) fn prove(&self, nonce: &str, device: &str) -> Result<String> {
-        let nonce = hex::decode(nonce).context("the head's nonce is not hex")?;
+    pub fn prove(&self, nonce: &str, device: &str) -> Result<String> {
+        let nonce = hex::decode(nonce).map_err(|_| Error::Nonce)?;
         Ok(hex::encode(
             self.mac(&nonce, device).finalize().into_bytes(),
         ))
     }
 
     /// Whether `proof` is the proof of `nonce` and `device` (compared in constant time).
-    pub(crate) fn check(&self, nonce: &[u8], device: &str, proof: &str) -> bool {
+    pub fn check(&self, nonce: &[u8], device: &str, proof: &str) -> bool {
         let Ok(proof) = hex::decode(proof) else {
             return false;
         };
@@ -146,37 +176,35 @@ impl Secret {
 }
 
 /// A fresh challenge nonce.
-pub(crate) fn nonce() -> [u8; 32] {
+pub fn nonce() -> [u8; 32] {
     rand::random()
 }
 
 /// A join URL split into the head's address and the secret its fragment carries.
-pub(crate) struct JoinUrl {
+pub struct JoinUrl {
     /// `ws://host:port/ring`.
-    pub(crate) signal: String,
+    pub signal: String,
     /// `http://host:port/` (the head's own server, which also serves its model folder).
-    pub(crate) base: String,
-    pub(crate) secret: Option<Secret>,
+    pub base: String,
+    pub secret: Option<Secret>,
 }
 
 impl JoinUrl {
     /// `http://host:port[/join]#secret` (the fragment is optional: the secret can come separately).
-    pub(crate) fn parse(text: &str) -> Result<Self> {
+    pub fn parse(text: &str) -> Result<Self> {
         let text = text.trim();
         let (url, fragment) = match text.split_once('#') {
             Some((u, f)) => (u, Some(f)),
             None => (text, None),
         };
         let Some(rest) = url.strip_prefix("http://") else {
-            bail!("the join URL must start with http:// (the head prints it when it starts)");
+            return Err(Error::JoinScheme);
         };
         let authority = rest.split('/').next().unwrap_or("");
         if authority.is_empty() || authority.contains(['@', '?']) {
-            bail!("the join URL names no head address");
+            return Err(Error::JoinAddress);
         }
-        authority
-            .parse::<axum::http::uri::Authority>()
-            .context("the join URL's address is not host:port")?;
+        authority.parse::<http::uri::Authority>()?;
         let secret = match fragment {
             Some(f) if !f.is_empty() => Some(Secret::parse(f)?),
             _ => None,
@@ -204,6 +232,7 @@ mod tests {
         assert!(!secret.check(&n, "peer-b", &proof));
         assert!(!secret.check(&nonce(), "peer-a", &proof));
         assert!(!secret.check(&n, "peer-a", "zz"));
+        assert!(matches!(secret.prove("xyz", "peer-a"), Err(Error::Nonce)));
     }
 
     #[test]
@@ -211,8 +240,23 @@ mod tests {
         assert!(Signal::parse(r#"{"type":"welcome","device":"a"}"#).is_ok());
         assert!(Signal::parse(r#"{"type":"welcome","device":"a","x":1}"#).is_err());
         assert!(Signal::parse(r#"{"type":"launch"}"#).is_err());
-        assert!(Signal::parse("not json").is_err());
-        assert!(Signal::parse(&"x".repeat(MAX_SIGNAL_BYTES + 1)).is_err());
+        assert!(matches!(
+            Signal::parse("not json"),
+            Err(Error::Malformed(_))
+        ));
+        assert!(matches!(
+            Signal::parse(&"x".repeat(MAX_SIGNAL_BYTES + 1)),
+            Err(Error::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn member_names_follow_the_device_grammar_and_never_name_the_head() {
+        assert!(member_name("laptop-2").is_ok());
+        assert!(member_name("head").is_err());
+        assert!(member_name("").is_err());
+        assert!(member_name("a b").is_err());
+        assert!(member_name(&"a".repeat(65)).is_err());
     }
 
     #[test]
@@ -227,8 +271,18 @@ mod tests {
                 .secret
                 .is_none()
         );
-        assert!(JoinUrl::parse("ftp://x:1#aaaa").is_err());
-        assert!(JoinUrl::parse("http://127.0.0.1:8788#short").is_err());
+        assert!(matches!(
+            JoinUrl::parse("ftp://x:1#aaaa"),
+            Err(Error::JoinScheme)
+        ));
+        assert!(matches!(
+            JoinUrl::parse("http://127.0.0.1:8788#short"),
+            Err(Error::SecretShort { len: 5 })
+        ));
+        assert!(matches!(
+            JoinUrl::parse("http://user@host:1/"),
+            Err(Error::JoinAddress)
+        ));
         assert!(format!("{:?}", Secret::parse(s).unwrap()).contains("hidden"));
     }
 }
