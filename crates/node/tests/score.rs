@@ -141,3 +141,73 @@ fn text_logprobs_match_the_goldens() {
         "perplexity {ppl}, golden {want_ppl}"
     );
 }
+
+/// `node score ARGS --format json` on the tiny llama: the JSON, or the error it printed.
+fn score_llama(ids_file: &std::path::Path, args: &[&str]) -> Result<Value, String> {
+    let m = root().join("fixtures/tiny/llama");
+    let out = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["score", "--model", &m.to_string_lossy()])
+        .args(["--ids-file", &ids_file.to_string_lossy()])
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(serde_json::from_str(stdout.lines().last().unwrap()).unwrap())
+}
+
+#[test]
+fn score_against_an_f32_run_reports_top1_agreement_and_the_perplexity_ratio() {
+    let g: Value =
+        serde_json::from_slice(&std::fs::read(root().join("fixtures/goldens/llama.json")).unwrap())
+            .unwrap();
+    let text = &g["text"];
+    let tmp = tempfile::tempdir().unwrap();
+    let ids_file = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, text["ids"].to_string()).unwrap();
+    let f32_run = score_llama(&ids_file, &["--precision", "f32"]).unwrap();
+    let f32_file = tmp.path().join("f32.json");
+    std::fs::write(&f32_file, f32_run.to_string()).unwrap();
+    let against = ["--against", f32_file.to_str().unwrap()];
+
+    let int8 = score_llama(
+        &ids_file,
+        &[&["--precision", "int8"][..], &against].concat(),
+    )
+    .unwrap();
+    let c = &int8["against"];
+    let (theirs, ours) = (
+        f32_run["argmax"].as_array().unwrap(),
+        int8["argmax"].as_array().unwrap(),
+    );
+    let agree = theirs.iter().zip(ours).filter(|(a, b)| a == b).count();
+    assert_eq!(c["agree"], agree);
+    assert_eq!(c["positions"], ours.len());
+    assert_eq!(c["top1_agreement"], agree as f64 / ours.len() as f64);
+    let ratio = int8["perplexity"].as_f64().unwrap() / f32_run["perplexity"].as_f64().unwrap();
+    assert_eq!(c["perplexity_ratio"].as_f64().unwrap(), ratio);
+    // The independent figure: transformers' f32 against the PyTorch int8 reference, which differ
+    // from ours only where f32 argmaxes are near-ties.
+    let golden = text["int8_f32_top1_agreement"].as_f64().unwrap();
+    let top1 = c["top1_agreement"].as_f64().unwrap();
+    assert!(
+        (top1 - golden).abs() < 0.01,
+        "top-1 {top1}, golden {golden}"
+    );
+
+    // Against itself: every position agrees, the ratio is 1.
+    let same = score_llama(&ids_file, &[&["--precision", "f32"][..], &against].concat()).unwrap();
+    assert_eq!(same["against"]["top1_agreement"], 1.0);
+    assert_eq!(same["against"]["perplexity_ratio"], 1.0);
+
+    // The mutation: a run over other ids is refused by name, before any pass.
+    let mut other: Vec<u64> = serde_json::from_value(text["ids"].clone()).unwrap();
+    other[3] = (other[3] + 1) % 100;
+    let other_file = tmp.path().join("other.json");
+    std::fs::write(&other_file, serde_json::to_string(&other).unwrap()).unwrap();
+    let e = score_llama(&other_file, &against).unwrap_err();
+    assert!(e.contains("scored other ids: position 3"), "{e}");
+}

@@ -1,5 +1,7 @@
 //! `node score`: one full-window pass over given ids — the argmax after each position, the
-//! log-probability of each next given token and the perplexity (DESIGN.md §5).
+//! log-probability of each next given token and the perplexity (DESIGN.md §5) — and, against an
+//! earlier run's JSON (typically `--precision f32`), how often the two argmaxes agree and the ratio
+//! of the perplexities: the quality of the int8 path in two numbers.
 
 use std::path::PathBuf;
 
@@ -25,6 +27,10 @@ pub(crate) struct Args {
     /// A JSON array of token ids.
     #[arg(long)]
     ids_file: Option<PathBuf>,
+    /// The `--format json` output of an earlier `node score` of the same ids (an f32 run, say):
+    /// report the share of positions whose argmax agrees with it and the perplexity ratio.
+    #[arg(long, value_name = "FILE")]
+    against: Option<PathBuf>,
     #[command(flatten)]
     compute: ComputeArgs,
     #[command(flatten)]
@@ -58,29 +64,140 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("nothing to score: the input has no tokens");
     }
+    // Read before the pass, so that a wrong file fails at once.
+    let against = args
+        .against
+        .as_deref()
+        .map(|f| Against::read(f, &ids))
+        .transpose()?;
     let plan = Plan::single(opened.config().num_layers)?;
     let chosen = super::backend(args.compute.backend)?;
     let stages = load_stages(&opened, &plan, precision, &chosen.backend, None)?;
     let mut ring = LocalRing::new(&plan, &stages, 1);
     let scored = score(&stages[0], &ids, &mut |p| ring.lap(p))?;
+    let compared = against
+        .as_ref()
+        .map(|a| a.compare(&scored.argmax, scored.perplexity));
     if json_format {
-        let perplexity = if scored.perplexity.is_finite() {
-            json!(scored.perplexity)
-        } else {
-            json!(null)
-        };
-        println!(
-            "{}",
-            json!({
-                "ids": ids,
-                "argmax": scored.argmax,
-                "logprobs": scored.logprobs,
-                "perplexity": perplexity,
-                "precision": precision.name(),
-            })
-        );
+        let mut out = json!({
+            "ids": ids,
+            "argmax": scored.argmax,
+            "logprobs": scored.logprobs,
+            "perplexity": finite(scored.perplexity),
+            "precision": precision.name(),
+        });
+        if let Some(c) = &compared {
+            out["against"] = json!({
+                "agree": c.agree,
+                "positions": c.positions,
+                "top1_agreement": c.agree as f64 / c.positions as f64,
+                "perplexity": finite(c.their_perplexity),
+                "perplexity_ratio": finite(c.perplexity_ratio),
+            });
+        }
+        println!("{out}");
     } else {
         println!("{} tokens, perplexity {}", ids.len(), scored.perplexity);
+        if let (Some(c), Some(f)) = (&compared, &args.against) {
+            println!(
+                "against {}: top-1 agreement {:.2}% ({} of {} positions), perplexity ratio {:.4} \
+                 ({} there)",
+                f.display(),
+                100.0 * c.agree as f64 / c.positions as f64,
+                c.agree,
+                c.positions,
+                c.perplexity_ratio,
+                c.their_perplexity
+            );
+        }
     }
     Ok(())
+}
+
+/// A number, or `null` where it is not finite (JSON has no NaN).
+fn finite(x: f64) -> serde_json::Value {
+    if x.is_finite() { json!(x) } else { json!(null) }
+}
+
+/// An earlier run's argmax and perplexity over the same ids.
+struct Against {
+    argmax: Vec<u32>,
+    perplexity: f64,
+}
+
+/// How this run compares with an [`Against`].
+struct Compared {
+    agree: usize,
+    positions: usize,
+    their_perplexity: f64,
+    perplexity_ratio: f64,
+}
+
+impl Against {
+    /// The JSON `node score --format json` printed (its last line); refused unless it scored
+    /// exactly `ids`.
+    fn read(file: &std::path::Path, ids: &[u32]) -> anyhow::Result<Self> {
+        #[derive(serde::Deserialize)]
+        struct Run {
+            ids: Vec<u32>,
+            argmax: Vec<u32>,
+            perplexity: Option<f64>,
+        }
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let run: Run = serde_json::from_str(last).with_context(|| {
+            format!(
+                "{}: expected the JSON of `node score --format json` (ids, argmax, perplexity)",
+                file.display()
+            )
+        })?;
+        if run.ids != ids {
+            let at = run.ids.iter().zip(ids).position(|(a, b)| a != b);
+            match at {
+                Some(i) => bail!(
+                    "{} scored other ids: position {i} is {} there and {} here",
+                    file.display(),
+                    run.ids[i],
+                    ids[i]
+                ),
+                None => bail!(
+                    "{} scored {} ids, this run {}",
+                    file.display(),
+                    run.ids.len(),
+                    ids.len()
+                ),
+            }
+        }
+        if run.argmax.len() != ids.len() {
+            bail!(
+                "{}: {} argmax entries for {} ids",
+                file.display(),
+                run.argmax.len(),
+                ids.len()
+            );
+        }
+        Ok(Self {
+            argmax: run.argmax,
+            perplexity: run.perplexity.unwrap_or(f64::NAN),
+        })
+    }
+
+    fn compare(&self, argmax: &[u32], perplexity: f64) -> Compared {
+        Compared {
+            agree: self
+                .argmax
+                .iter()
+                .zip(argmax)
+                .filter(|(a, b)| a == b)
+                .count(),
+            positions: argmax.len(),
+            their_perplexity: self.perplexity,
+            perplexity_ratio: perplexity / self.perplexity,
+        }
+    }
 }
