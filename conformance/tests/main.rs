@@ -5,11 +5,13 @@
 //! - `splits`: any split gives the same ids and bit-identical hidden states at every hop.
 //! - `lookahead`: drafts scored with the next token are split-invariant on both paths, greedy and
 //!   seeded, with their mutation case.
+//! - `embedding`: the embedding mapped from a local checkpoint gives the bits of one read whole.
 //! - `shard`: a stage streaming its layers from the flat shard gives the resident stage's bits.
 //! - `mutations`: a stage that drops a layer, stages out of order and a stage from another model
 //!   must each fail.
 
 mod common;
+mod embedding;
 mod f32_goldens;
 mod int8;
 mod lookahead;

@@ -493,6 +493,25 @@ impl Checkpoint {
         }
     }
 
+    /// The stored bytes of `name` memory-mapped, where its file is local and they are the tensor
+    /// as stored (a safetensors tensor, or a GGUF F32/F16/BF16 one that needs no reordering);
+    /// `None` otherwise (read it with [`Self::read_raw`]).
+    pub fn map_raw(&self, name: &str) -> Result<Option<(DType, crate::MappedBytes)>, Error> {
+        let info = self.info(name)?;
+        let as_stored = match info.gguf_type {
+            None => true,
+            Some(GgmlType::F16 | GgmlType::BF16 | GgmlType::F32) => info.unpermute_heads.is_none(),
+            Some(_) => false,
+        };
+        if !as_stored {
+            return Ok(None);
+        }
+        let src = &self.files[info.shard].1;
+        src.map(info.offset, info.byte_len as usize)
+            .transpose()
+            .map(|m| m.map(|m| (info.dtype, m)))
+    }
+
     pub fn read_raw(&self, name: &str) -> Result<(DType, Vec<u8>), Error> {
         let info = self.info(name)?;
         let src = &self.files[info.shard].1;

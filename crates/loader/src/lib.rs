@@ -26,6 +26,6 @@ pub use expected::{expected_tensors, layer_prefix, layer_tensors};
 pub use gguf::GgmlType;
 pub use gguf_tokenizer::QWEN2_SPLIT_REGEX;
 pub use source::{
-    ByteSource, CachedSnapshot, DEFAULT_REVISION, FileSource, LocalDir, MemSource, Repo,
-    cache_folder, find_in_cache, hf_cache_dir, parse_model_ref, revision_of,
+    ByteSource, CachedSnapshot, DEFAULT_REVISION, FileSource, LocalDir, MappedBytes, MemSource,
+    Repo, cache_folder, find_in_cache, hf_cache_dir, parse_model_ref, revision_of,
 };

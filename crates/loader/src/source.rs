@@ -22,6 +22,55 @@ pub trait ByteSource: Send + Sync {
     /// Announce the `(offset, len)` ranges about to be read, so a remote source can fetch them
     /// ahead, coalesced; a local source ignores it.
     fn prefetch(&self, _ranges: &[(u64, u64)]) {}
+    /// The `len` bytes at `offset` memory-mapped, where the source is a local file (`None`
+    /// otherwise): pages are read from the file when touched and can be given back
+    /// ([`MappedBytes::release`]), so only what is used stays resident.
+    fn map(&self, _offset: u64, _len: usize) -> Option<Result<MappedBytes, Error>> {
+        None
+    }
+}
+
+/// A byte range of a local file, memory-mapped read-only.
+///
+/// The model files are the user's: one rewritten while mapped shows its new bytes, and one cut
+/// short faults on access — as with any loader that maps its model. The Hugging Face cache never
+/// rewrites a file in place (it renames a finished download into place).
+pub struct MappedBytes(memmap2::Mmap);
+
+impl MappedBytes {
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Give the pages of `range` (of [`Self::bytes`]) back: they stop counting as resident and are
+    /// read from the file again when next touched.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let end = range.end.min(self.0.len());
+        if end > range.start {
+            // SAFETY: a read-only private file mapping: MADV_DONTNEED drops its pages (those at the
+            // range's edges too), and the next access reads the same file bytes again — there is
+            // no anonymous data to lose.
+            let _ = unsafe {
+                self.0.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    range.start,
+                    end - range.start,
+                )
+            };
+        }
+    }
+}
+
+impl std::fmt::Debug for MappedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MappedBytes({} bytes)", self.0.len())
+    }
+}
+
+impl AsRef<[u8]> for MappedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
+    }
 }
 
 /// A local file read with positional reads.
@@ -85,6 +134,24 @@ impl ByteSource for FileSource {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn map(&self, offset: u64, len: usize) -> Option<Result<MappedBytes, Error>> {
+        if let Err(e) = check_range(&self.describe(), offset, len, self.size) {
+            return Some(Err(e));
+        }
+        // SAFETY: a read-only mapping of the model file; `MappedBytes` says what a change to the
+        // file underneath means.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map(&self.file)
+        };
+        Some(map.map(MappedBytes).map_err(|source| Error::Io {
+            path: self.describe(),
+            source,
+        }))
     }
 }
 

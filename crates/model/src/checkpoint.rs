@@ -24,6 +24,14 @@ impl Source for Checkpoint {
         Ok(Some((shape, dtype, bytes)))
     }
 
+    fn map_raw(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Vec<usize>, daisy_loader::DType, daisy_loader::MappedBytes)>> {
+        let shape = shape(self, name)?;
+        Ok(Checkpoint::map_raw(self, name)?.map(|(dtype, map)| (shape, dtype, map)))
+    }
+
     fn has(&self, name: &str) -> bool {
         self.tensor(name).is_some()
     }

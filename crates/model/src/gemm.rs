@@ -102,7 +102,11 @@ impl Linear {
         k: usize,
     ) -> Result<Self> {
         let weight = match precision {
-            Precision::F32 => Weight::F32(embed.to_f32()),
+            Precision::F32 => {
+                let w = embed.to_f32();
+                embed.release(0, n);
+                Weight::F32(w)
+            }
             Precision::Int8 => {
                 const BLOCK: usize = 1024;
                 let what = || format!("quantizing the tied {n}x{k} lm_head");
@@ -114,6 +118,8 @@ impl Linear {
                     for r in r0..r1 {
                         embed.row_into(r, &mut rows);
                     }
+                    // A mapped table's pages, once quantized, are not kept resident for it.
+                    embed.release(r0, r1);
                     let block = quantize_rows(&rows, r1 - r0, k).map_err(|e| gemm_err(&what, e))?;
                     q.extend_from_slice(block.q());
                     scales.extend_from_slice(block.scales());

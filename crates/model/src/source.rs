@@ -1,6 +1,6 @@
 //! Where a stage's tensors come from: the checkpoint, or an in-memory table in tests.
 
-use daisy_loader::DType;
+use daisy_loader::{DType, MappedBytes};
 
 use crate::{Error, Result};
 
@@ -14,6 +14,12 @@ pub trait Source {
     /// The tensor `name` in its stored dtype when that is f32, f16 or bf16 (`None` otherwise), with
     /// its shape. Used for the embedding, which is kept in its source dtype.
     fn read_raw(&self, name: &str) -> Result<Option<RawTensor>>;
+    /// The tensor `name` memory-mapped as stored, with its dtype and shape, where it lies in a
+    /// local file as the table it is (`None`: read it instead). Used for the embedding, whose rows
+    /// are looked up one token at a time.
+    fn map_raw(&self, _name: &str) -> Result<Option<(Vec<usize>, DType, MappedBytes)>> {
+        Ok(None)
+    }
     /// Whether the checkpoint has a tensor `name`.
     fn has(&self, name: &str) -> bool;
     /// The model fingerprint (DESIGN.md §4).
@@ -33,17 +39,51 @@ pub(crate) fn read_shaped(src: &dyn Source, name: &str, expected: &[usize]) -> R
     Ok(data)
 }
 
-/// An embedding table held in its source dtype; rows are widened exactly on lookup.
+/// An embedding table in its source dtype; rows are widened exactly on lookup. Where the checkpoint
+/// is a local file the table is mapped, not read: only the rows of tokens looked up are resident.
 pub(crate) struct Embedding {
     rows: usize,
     cols: usize,
     dtype: DType,
-    bytes: Vec<u8>,
+    bytes: Table,
+}
+
+enum Table {
+    Held(Vec<u8>),
+    Mapped(MappedBytes),
+}
+
+impl Table {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Held(b) => b,
+            Self::Mapped(m) => m.bytes(),
+        }
+    }
 }
 
 impl Embedding {
     pub(crate) fn load(src: &dyn Source, name: &str, rows: usize, cols: usize) -> Result<Self> {
         let expected = [rows, cols];
+        let check = |shape: &[usize], dtype: DType, len: usize| {
+            if shape != expected || len != rows * cols * dtype.size() {
+                return Err(Error::Shape {
+                    name: name.to_string(),
+                    got: shape.to_vec(),
+                    expected: expected.to_vec(),
+                });
+            }
+            Ok(())
+        };
+        if let Some((shape, dtype, map)) = src.map_raw(name)? {
+            check(&shape, dtype, map.bytes().len())?;
+            return Ok(Self {
+                rows,
+                cols,
+                dtype,
+                bytes: Table::Mapped(map),
+            });
+        }
         if let Some((shape, dtype, bytes)) = src.read_raw(name)? {
             let width = dtype.size();
             if shape != expected || bytes.len() != rows * cols * width {
@@ -57,7 +97,7 @@ impl Embedding {
                 rows,
                 cols,
                 dtype,
-                bytes,
+                bytes: Table::Held(bytes),
             });
         }
         let data = read_shaped(src, name, &expected)?;
@@ -66,7 +106,7 @@ impl Embedding {
             rows,
             cols,
             dtype: DType::F32,
-            bytes,
+            bytes: Table::Held(bytes),
         })
     }
 
@@ -76,23 +116,24 @@ impl Embedding {
 
     /// Append row `r` widened to f32.
     pub(crate) fn row_into(&self, r: usize, out: &mut Vec<f32>) {
+        let bytes = self.bytes.bytes();
         match self.dtype {
             DType::F32 => {
-                let b = &self.bytes[r * self.cols * 4..(r + 1) * self.cols * 4];
+                let b = &bytes[r * self.cols * 4..(r + 1) * self.cols * 4];
                 out.extend(
                     b.chunks_exact(4)
                         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                 );
             }
             DType::BF16 => {
-                let b = &self.bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
+                let b = &bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
                 out.extend(
                     b.chunks_exact(2)
                         .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
                 );
             }
             DType::F16 => {
-                let b = &self.bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
+                let b = &bytes[r * self.cols * 2..(r + 1) * self.cols * 2];
                 out.extend(
                     b.chunks_exact(2)
                         .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
@@ -110,8 +151,22 @@ impl Embedding {
         out
     }
 
-    /// Bytes held.
+    /// Rows `r0..r1` are not needed again soon: a mapped table gives their pages back (they are read
+    /// from the file again if looked up later); a held one keeps them.
+    pub(crate) fn release(&self, r0: usize, r1: usize) {
+        if let Table::Mapped(m) = &self.bytes {
+            let row = self.cols * self.dtype.size();
+            m.release(r0 * row..r1 * row);
+        }
+    }
+
+    /// Whether the table is mapped from the checkpoint's file rather than held.
+    pub(crate) fn is_mapped(&self) -> bool {
+        matches!(self.bytes, Table::Mapped(_))
+    }
+
+    /// Bytes of the table (held, or mapped and resident only where touched).
     pub(crate) fn bytes(&self) -> usize {
-        self.bytes.len()
+        self.bytes.bytes().len()
     }
 }

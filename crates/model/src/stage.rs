@@ -183,6 +183,12 @@ impl Stage {
         self.mapped.is_some()
     }
 
+    /// Whether the head's embedding table is mapped from the checkpoint's file (only the rows of
+    /// tokens looked up are resident) rather than held; `false` off the head.
+    pub fn is_embedding_mapped(&self) -> bool {
+        self.head.as_ref().is_some_and(|h| h.embed.is_mapped())
+    }
+
     /// Whether the layers stream from a shard.
     pub fn is_streamed(&self) -> bool {
         self.streamed.is_some()

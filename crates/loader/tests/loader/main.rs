@@ -4,6 +4,7 @@
 mod cache;
 mod corpus;
 mod gguf_tokenizer;
+mod map;
 mod permute;
 mod smollm2;
 mod tiny;
