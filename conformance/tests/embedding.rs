@@ -6,28 +6,11 @@ use daisy_conformance::{Model, TINY, smollm2_dir};
 use daisy_loader::{DType, MappedBytes};
 use daisy_model::{Precision, RawTensor, Source, Stage};
 
-/// The checkpoint with mapping refused: every tensor is read.
-struct Read<'a>(&'a dyn Source);
+/// The checkpoint, its embedding's map refused (`None`: the table is read) or taken from another
+/// tensor's bytes (`Some(name)`: the mutation).
+struct Via<'a>(&'a dyn Source, Option<&'static str>);
 
-impl Source for Read<'_> {
-    fn read_f32(&self, name: &str) -> daisy_model::Result<(Vec<usize>, Vec<f32>)> {
-        self.0.read_f32(name)
-    }
-    fn read_raw(&self, name: &str) -> daisy_model::Result<Option<RawTensor>> {
-        self.0.read_raw(name)
-    }
-    fn has(&self, name: &str) -> bool {
-        self.0.has(name)
-    }
-    fn fingerprint(&self) -> [u8; 32] {
-        self.0.fingerprint()
-    }
-}
-
-/// The checkpoint with the embedding's map taken from the untied lm_head's bytes (the mutation).
-struct Swapped<'a>(&'a dyn Source);
-
-impl Source for Swapped<'_> {
+impl Source for Via<'_> {
     fn read_f32(&self, name: &str) -> daisy_model::Result<(Vec<usize>, Vec<f32>)> {
         self.0.read_f32(name)
     }
@@ -35,12 +18,11 @@ impl Source for Swapped<'_> {
         self.0.read_raw(name)
     }
     fn map_raw(&self, name: &str) -> daisy_model::Result<Option<(Vec<usize>, DType, MappedBytes)>> {
-        let name = if name == "model.embed_tokens.weight" {
-            "lm_head.weight"
-        } else {
-            name
-        };
-        self.0.map_raw(name)
+        match self.1 {
+            Some(instead) if name == "model.embed_tokens.weight" => self.0.map_raw(instead),
+            Some(_) => self.0.map_raw(name),
+            None => Ok(None),
+        }
     }
     fn has(&self, name: &str) -> bool {
         self.0.has(name)
@@ -53,7 +35,7 @@ impl Source for Swapped<'_> {
 /// The head of `model` alone (no layers), its embedding mapped and read.
 fn heads(model: &Model, precision: Precision) -> (Stage, Stage) {
     let load = |src: &dyn Source| Stage::load(src, &model.config, 0..0, true, precision).unwrap();
-    (load(&model.checkpoint), load(&Read(&model.checkpoint)))
+    (load(&model.checkpoint), load(&Via(&model.checkpoint, None)))
 }
 
 /// Embedded rows of a few ids (the first, the last, repeats) and their logits, as bits.
@@ -90,8 +72,8 @@ fn a_mapped_embedding_gives_the_bits_of_a_read_one() {
     let llama = &models[3].1;
     assert!(!llama.config.tie_word_embeddings);
     let load = |src: &dyn Source| Stage::load(src, &llama.config, 0..0, true, Precision::Int8);
-    let swapped = load(&Swapped(&llama.checkpoint)).unwrap();
+    let swapped = load(&Via(&llama.checkpoint, Some("lm_head.weight"))).unwrap();
     assert!(swapped.is_embedding_mapped());
-    let read = load(&Read(&llama.checkpoint)).unwrap();
+    let read = load(&Via(&llama.checkpoint, None)).unwrap();
     assert_ne!(outputs(llama, &swapped).0, outputs(llama, &read).0);
 }

@@ -1047,21 +1047,28 @@ fn no_secret_reaches_a_log_at_trace_a_command_line_or_a_file() {
     assert!(seen > 0, "the ring wrote no file to look in");
 }
 
-#[test]
-fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
-    let model = smollm2();
-    let cache = tempfile::tempdir().unwrap();
-    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+/// SmolLM2's turn of 12 tokens on the split 2,28 that the restart tests run: the head's arguments,
+/// `node run`'s report of the same split, and the bytes of the member's layers 2..30.
+fn member_restart_turn(model: &Path) -> (Vec<&'static str>, Value, u64) {
     let prompt = "The capital of France is";
     let generate = ["--max-new-tokens", "12", "--ignore-eos"];
     let mut head_args = vec!["--stages", "2,28", "--prompt", prompt, "--format", "json"];
     head_args.extend(generate);
-    let oracle = one_process(&model, "2,28", prompt, &generate);
+    let oracle = one_process(model, "2,28", prompt, &generate);
     let own: u64 = common::tensor_bytes(&model.join("model.safetensors"))
         .iter()
         .filter(|(name, _)| common::layer_of(name).is_some_and(|l| (2..30).contains(&l)))
         .map(|(_, b)| b)
         .sum();
+    (head_args, oracle, own)
+}
+
+#[test]
+fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
+    let model = smollm2();
+    let cache = tempfile::tempdir().unwrap();
+    let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
+    let (head_args, oracle, own) = member_restart_turn(&model);
     let open = common::open_bytes(&model);
     let turn = |args: &[&str]| {
         let mut live = Live::start(&model, &head_args, &[]);
@@ -1180,16 +1187,7 @@ fn a_member_killed_mid_download_refetches_and_never_reads_what_it_left() {
     let model = smollm2();
     let cache = tempfile::tempdir().unwrap();
     let env = [("XDG_CACHE_HOME", cache.path().to_str().unwrap())];
-    let prompt = "The capital of France is";
-    let generate = ["--max-new-tokens", "12", "--ignore-eos"];
-    let mut head_args = vec!["--stages", "2,28", "--prompt", prompt, "--format", "json"];
-    head_args.extend(generate);
-    let oracle = one_process(&model, "2,28", prompt, &generate);
-    let own: u64 = common::tensor_bytes(&model.join("model.safetensors"))
-        .iter()
-        .filter(|(name, _)| common::layer_of(name).is_some_and(|l| (2..30).contains(&l)))
-        .map(|(_, b)| b)
-        .sum();
+    let (head_args, oracle, own) = member_restart_turn(&model);
     // A streaming member writes its shard while its layers arrive: killed (SIGKILL) at half of
     // them, it leaves a part-written temporary file and no shard. The head plans around it.
     let mut live = Live::start(&model, &head_args, &[]);

@@ -96,35 +96,23 @@ fn score_json_matches_the_goldens() {
     );
 }
 
-#[test]
-fn text_logprobs_match_the_goldens() {
-    // The golden text section: ids of the committed essay, f32 log-probabilities from transformers.
+/// The tiny llama golden's text section, and its ids written to a file in `tmp`.
+fn llama_text(tmp: &std::path::Path) -> (Value, PathBuf) {
     let g: Value =
         serde_json::from_slice(&std::fs::read(root().join("fixtures/goldens/llama.json")).unwrap())
             .unwrap();
-    let text = &g["text"];
-    let tmp = tempfile::tempdir().unwrap();
-    let ids_file = tmp.path().join("ids.json");
+    let text = g["text"].clone();
+    let ids_file = tmp.join("ids.json");
     std::fs::write(&ids_file, text["ids"].to_string()).unwrap();
-    let m = root().join("fixtures/tiny/llama");
-    let out = Command::new(env!("CARGO_BIN_EXE_node"))
-        .args([
-            "score",
-            "--model",
-            &m.to_string_lossy(),
-            "--ids-file",
-            &ids_file.to_string_lossy(),
-        ])
-        .args(["--precision", "f32", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    (text, ids_file)
+}
+
+#[test]
+fn text_logprobs_match_the_goldens() {
+    // The golden text section: ids of the committed essay, f32 log-probabilities from transformers.
+    let tmp = tempfile::tempdir().unwrap();
+    let (text, ids_file) = llama_text(tmp.path());
+    let j = score_llama(&ids_file, &["--precision", "f32"]).unwrap();
     let ours = floats(&j["logprobs"]);
     let want = floats(&text["f32_logprobs"]);
     assert_eq!(ours.len(), want.len());
@@ -161,13 +149,8 @@ fn score_llama(ids_file: &std::path::Path, args: &[&str]) -> Result<Value, Strin
 
 #[test]
 fn score_against_an_f32_run_reports_top1_agreement_and_the_perplexity_ratio() {
-    let g: Value =
-        serde_json::from_slice(&std::fs::read(root().join("fixtures/goldens/llama.json")).unwrap())
-            .unwrap();
-    let text = &g["text"];
     let tmp = tempfile::tempdir().unwrap();
-    let ids_file = tmp.path().join("ids.json");
-    std::fs::write(&ids_file, text["ids"].to_string()).unwrap();
+    let (text, ids_file) = llama_text(tmp.path());
     let f32_run = score_llama(&ids_file, &["--precision", "f32"]).unwrap();
     let f32_file = tmp.path().join("f32.json");
     std::fs::write(&f32_file, f32_run.to_string()).unwrap();
