@@ -59,6 +59,14 @@ impl RingRun {
             .collect()
     }
 
+    /// The head's line saying which member failed mid-turn and why.
+    fn refusal(&self) -> &str {
+        self.head_err
+            .lines()
+            .find(|l| l.contains("failed mid-turn"))
+            .unwrap_or_else(|| panic!("no refusal in\n{}", self.head_err))
+    }
+
     fn report(&self) -> Value {
         assert!(
             self.head_ok,
@@ -1320,11 +1328,7 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
         live.join("member-0", None, &[], &[("DAISY_TEST_BAD_FRAME", kind)]);
         let run = live.finish();
         let report = run.report();
-        let refused = run
-            .head_err
-            .lines()
-            .find(|l| l.contains("failed mid-turn"))
-            .unwrap_or_else(|| panic!("{kind}: no refusal in\n{}", run.head_err));
+        let refused = run.refusal();
         assert!(
             refused.contains("member-0") && refused.contains(named),
             "{kind}: {refused}"
@@ -1362,11 +1366,7 @@ fn a_member_replaying_an_earlier_turns_activation_is_refused_by_name() {
     let run = live.finish();
     let reports = run.reports();
     assert_eq!(reports.len(), 2, "{}", run.head_err);
-    let refused = run
-        .head_err
-        .lines()
-        .find(|l| l.contains("failed mid-turn"))
-        .unwrap_or_else(|| panic!("no refusal in\n{}", run.head_err));
+    let refused = run.refusal();
     assert!(
         refused.contains("member-0")
             && refused.contains("lap 0 of turn 1 is no lap in flight")
@@ -1404,11 +1404,7 @@ fn a_replayed_activation_is_refused_by_the_member_it_reaches() {
         .find_map(|l| l.strip_prefix("head: stage 2 = "))
         .and_then(|l| l.split(' ').next())
         .unwrap_or_else(|| panic!("no stage 2 in\n{}", run.head_err));
-    let refused = run
-        .head_err
-        .lines()
-        .find(|l| l.contains("failed mid-turn"))
-        .unwrap_or_else(|| panic!("no refusal in\n{}", run.head_err));
+    let refused = run.refusal();
     assert!(
         refused.starts_with(&format!("head: {second} failed mid-turn"))
             && refused.contains("stage 2 refused lap 1 of turn 1: it ran lap 1 of turn 1 already"),
