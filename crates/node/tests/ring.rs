@@ -1302,6 +1302,14 @@ fn verify_beyond_the_heads_memory_streams_the_layers_and_catches_a_dropped_one()
     assert!(run.head_err.contains("verify failed"), "{}", run.head_err);
 }
 
+/// A turn `report` that replayed `replays` times and still matched Verify and the ids of
+/// `oracle` (`node run` of the same split); `what` names the case in a failure.
+fn replayed_to_the_oracle(report: &Value, replays: u64, oracle: &Value, what: &str) {
+    assert_eq!(report["replays"], replays, "{what}");
+    assert_eq!(report["verify"]["match"], true, "{what}");
+    assert_eq!(report["ids"], oracle["ids"], "{what}");
+}
+
 #[test]
 fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
     if !test_hooks() {
@@ -1333,9 +1341,7 @@ fn a_member_sending_a_bad_activation_is_refused_by_name_and_the_turn_replays() {
             refused.contains("member-0") && refused.contains(named),
             "{kind}: {refused}"
         );
-        assert_eq!(report["replays"], 1, "{kind}");
-        assert_eq!(report["verify"]["match"], true, "{kind}");
-        assert_eq!(report["ids"], oracle["ids"], "{kind}");
+        replayed_to_the_oracle(&report, 1, &oracle, kind);
     }
 }
 
@@ -1376,9 +1382,7 @@ fn a_member_replaying_an_earlier_turns_activation_is_refused_by_name() {
     let extra = ["--max-new-tokens", "5", "--ignore-eos"];
     for (report, (prompt, replays)) in reports.iter().zip([("Hello", 0), ("Once upon a time", 1)]) {
         let oracle = one_process(&gpt2, "1,2", prompt, &extra);
-        assert_eq!(report["replays"], replays, "{prompt}");
-        assert_eq!(report["verify"]["match"], true, "{prompt}");
-        assert_eq!(report["ids"], oracle["ids"], "{prompt}");
+        replayed_to_the_oracle(report, replays, &oracle, prompt);
     }
 }
 
@@ -1416,9 +1420,7 @@ fn a_replayed_activation_is_refused_by_the_member_it_reaches() {
         "Hello",
         &["--max-new-tokens", "5", "--ignore-eos"],
     );
-    assert_eq!(report["replays"], 1);
-    assert_eq!(report["verify"]["match"], true);
-    assert_eq!(report["ids"], oracle["ids"]);
+    replayed_to_the_oracle(&report, 1, &oracle, "a replay");
 }
 
 /// A turn of SmolLM2 over three hosts of a [`Lab`] — the head on host 0 (10.77.0.1), a member on
