@@ -7,6 +7,8 @@
 //!   seeded, with their mutation case.
 //! - `embedding`: the embedding mapped from a local checkpoint gives the bits of one read whole.
 //! - `shard`: a stage streaming its layers from the flat shard gives the resident stage's bits.
+//! - `int8x2`: the two-plane precision against its own PyTorch reference and against f32, and
+//!   split-invariant.
 //! - `mutations`: a stage that drops a layer, stages out of order and a stage from another model
 //!   must each fail.
 
@@ -14,6 +16,7 @@ mod common;
 mod embedding;
 mod f32_goldens;
 mod int8;
+mod int8x2;
 mod lookahead;
 mod mutations;
 mod shard;

@@ -1,6 +1,6 @@
 //! The flat parameter shard (issue 18, acceptance 4): a stage whose layers stream from their shard
 //! file, two live at a time, gives the resident stage's bits on the full window and on one chunk
-//! of the cached path, for every tiny model at both precisions and for SmolLM2 in int8; a restart
+//! of the cached path, for every tiny model at every precision and for SmolLM2 in int8; a restart
 //! reuses the shard without loading a layer; a resident stage written to its shard and mapped back
 //! (the restart of a ring stage) gives the same bits with its arrays borrowed in place; and a shard
 //! cut short or changed is refused by name (and removed, so the next start writes it again).
@@ -63,7 +63,7 @@ fn a_streamed_stage_equals_the_resident_one() {
     for name in TINY {
         let model = Model::tiny(name).unwrap();
         let n = model.config.num_layers;
-        for precision in [Precision::Int8, Precision::F32] {
+        for precision in Precision::ALL {
             let what = format!("{name} {}", precision.name());
             let resident = model.stage(1..n, false, precision).unwrap();
             let path = dir
@@ -105,7 +105,7 @@ fn a_mapped_stage_equals_the_resident_one() {
     for name in TINY {
         let model = Model::tiny(name).unwrap();
         let n = model.config.num_layers;
-        for precision in [Precision::Int8, Precision::F32] {
+        for precision in Precision::ALL {
             let what = format!("{name} {}", precision.name());
             let path = dir
                 .path()

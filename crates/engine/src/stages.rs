@@ -80,7 +80,7 @@ pub fn load_layers(
             );
             stage
         }
-        _ if keep && precision == Precision::Int8 && layers.len() >= 2 => {
+        _ if keep && precision.is_int8() && layers.len() >= 2 => {
             let path = path()?;
             let t0 = std::time::Instant::now();
             if let Some(stage) =

@@ -16,7 +16,7 @@ mod verify;
 
 pub use backend::{Backend, CpuBackend, Isa, Rhs, check_shapes};
 pub use packed::{PackedParts, PackedWeights, SharedBytes};
-pub use quant::{Quantized, quantize_rows};
+pub use quant::{Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
     reference_i32, seeded_matrix,

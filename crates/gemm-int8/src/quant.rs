@@ -134,6 +134,32 @@ pub fn quantize_rows(a: &[f32], rows: usize, k: usize) -> Result<Quantized, Erro
     quantize(Operand::A, a, rows, k)
 }
 
+/// The second plane of `a` under the two-plane precision (DESIGN.md §3.9): each element's residual
+/// `a − f32(q)·s` against its first plane `first` (= `quantize_rows(a)`: one f32 multiply, then one
+/// f32 subtraction, never fused), quantized per row like any operand. `first` plus this plane carry
+/// about 15 bits of each row instead of 8.
+pub fn quantize_residual(a: &[f32], first: &Quantized) -> Result<Quantized, Error> {
+    let (rows, k) = (first.rows, first.k);
+    if a.len() != rows * k {
+        return Err(Error::Shape {
+            what: "rows of the residual",
+            got: a.len(),
+            expected: rows * k,
+        });
+    }
+    let mut r = Vec::with_capacity(a.len());
+    if k > 0 {
+        for ((x, q), s) in a
+            .chunks_exact(k)
+            .zip(first.q.chunks_exact(k))
+            .zip(&first.scales)
+        {
+            r.extend(x.iter().zip(q).map(|(x, q)| x - f32::from(*q) * s));
+        }
+    }
+    quantize(Operand::A, &r, rows, k)
+}
+
 /// Quantize `rows × k` values, naming `operand` in a refusal.
 pub(crate) fn quantize(
     operand: Operand,
@@ -328,5 +354,48 @@ mod tests {
         for y in special {
             assert_eq!(round_clamp(y), definition(y), "{y:e}");
         }
+    }
+
+    /// The second plane holds what the first dropped: each element's residual against the first
+    /// plane, computed as `x − f32(q)·s` in f32 and quantized per row; the two planes together are
+    /// far closer to the row than the first alone. A row of zeros stays zeros; a shape is checked.
+    #[test]
+    fn the_residual_plane_is_the_quantized_f32_residual() {
+        let (rows, k) = (3, 37);
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 7919 % 1013) as f32 / 506.0 - 1.0) * 3.0)
+            .collect();
+        x[2 * k..].fill(0.0);
+        let first = super::quantize_rows(&x, rows, k).unwrap();
+        let second = super::quantize_residual(&x, &first).unwrap();
+        let r: Vec<f32> = x
+            .chunks(k)
+            .zip(first.q().chunks(k).zip(first.scales()))
+            .flat_map(|(x, (q, s))| x.iter().zip(q).map(move |(x, q)| x - f32::from(*q) * s))
+            .collect();
+        let want = super::quantize_rows(&r, rows, k).unwrap();
+        assert_eq!(second.q(), want.q());
+        assert_eq!(second.scales(), want.scales());
+        for row in 0..2 {
+            let (s1, s2) = (first.scales()[row], second.scales()[row]);
+            assert!(
+                s2 > 0.0 && s2 <= s1 / 2.0 / 127.0 * 1.001,
+                "row {row}: {s2} vs {s1}"
+            );
+            let worst = |planes: &[&super::Quantized]| {
+                (0..k)
+                    .map(|c| {
+                        let v: f32 = planes
+                            .iter()
+                            .map(|p| f32::from(p.row(row)[c]) * p.scales()[row])
+                            .sum();
+                        (v - x[row * k + c]).abs()
+                    })
+                    .fold(0f32, f32::max)
+            };
+            assert!(worst(&[&first, &second]) * 100.0 < worst(&[&first]));
+        }
+        assert!(second.row(2).iter().all(|q| *q == 0) && second.scales()[2] == 0.0);
+        assert!(super::quantize_residual(&x[1..], &first).is_err());
     }
 }

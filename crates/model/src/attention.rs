@@ -20,12 +20,14 @@ use crate::ops::softmax;
 use crate::{Error, Result};
 
 /// The keys and values one layer has seen, after RoPE, one buffer per kv head (`len × head_dim`),
-/// and for int8 the key rows quantized (values and scales, per kv head).
+/// and for int8 the key rows quantized (values and scales, per kv head; at int8x2 their second
+/// planes too).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LayerCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     kq: Vec<Quantized>,
+    kq2: Vec<Quantized>,
     len: usize,
 }
 
@@ -51,7 +53,7 @@ impl LayerCache {
         for v in &mut self.v {
             v.truncate(len * hd);
         }
-        for q in &mut self.kq {
+        for q in self.kq.iter_mut().chain(&mut self.kq2) {
             q.truncate(len);
         }
         self.len = len;
@@ -124,9 +126,12 @@ pub(crate) fn attention(
     if cache.k.is_empty() {
         cache.k = vec![Vec::new(); num_kv_heads];
         cache.v = vec![Vec::new(); num_kv_heads];
-        if cx.precision == crate::Precision::Int8 {
+        if cx.precision.is_int8() {
             let empty = Quantized::empty(hd)
                 .map_err(|e| crate::gemm::gemm_err(&|| format!("keys of layer {layer}"), e))?;
+            if cx.precision.two_planes() {
+                cache.kq2 = vec![empty.clone(); num_kv_heads];
+            }
             cache.kq = vec![empty; num_kv_heads];
         }
     }
@@ -134,9 +139,10 @@ pub(crate) fn attention(
     for g in 0..num_kv_heads {
         new_k.clear();
         split(k, g, &mut new_k);
-        if cx.precision == crate::Precision::Int8 {
+        if cx.precision.is_int8() {
             let what = || format!("keys of layer {layer} kv head {g}");
-            quantize_keys(&new_k, t, hd, &mut cache.kq[g], &what)?;
+            let planes = (&mut cache.kq[g], cache.kq2.get_mut(g));
+            quantize_keys(cx.precision, &new_k, t, hd, planes, &what)?;
         }
         cache.k[g].extend_from_slice(&new_k);
         split(v, g, &mut cache.v[g]);
@@ -159,7 +165,9 @@ pub(crate) fn attention(
         }
         let what = || format!("attention scores of layer {layer} kv head {g}");
         let keys = match cx.precision {
-            crate::Precision::Int8 => ActRhs::Int8(&cache.kq[g]),
+            crate::Precision::Int8 | crate::Precision::Int8x2 => {
+                ActRhs::Int8(&cache.kq[g], cache.kq2.get(g))
+            }
             crate::Precision::F32 => ActRhs::F32 {
                 b: &cache.k[g],
                 n: nk,

@@ -1,10 +1,12 @@
-//! The matrix products of a stage (DESIGN.md §3.6), at one of two precisions.
+//! The matrix products of a stage (DESIGN.md §3.6), at one of three precisions.
 //!
 //! `F32` is the reference: plain f32 products in one fixed order. `Int8` sends every product through
-//! the verified GEMM of `daisy-gemm-int8`, with weights held quantized.
+//! the verified GEMM of `daisy-gemm-int8`, with weights held quantized. `Int8x2` (§3.9) carries every
+//! operand as two int8 planes, its quantization and the quantization of what that left, and forms
+//! each product from three products through the same unit.
 
 use daisy_gemm_int8::{
-    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, quantize_rows,
+    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, quantize_residual, quantize_rows,
 };
 
 use crate::ops::matmul_f32;
@@ -21,26 +23,42 @@ pub enum Precision {
     Int8,
     /// Plain f32 products in one fixed order (the reference).
     F32,
+    /// Every operand as two int8 planes and every product as three through the unit (§3.9): about
+    /// three times the int8 work and twice its weight bytes, for answers close to f32's.
+    Int8x2,
 }
 
 impl Precision {
-    /// `int8` or `f32`.
+    /// Every precision, in the order `--help` lists them.
+    pub const ALL: [Self; 3] = [Self::Int8, Self::Int8x2, Self::F32];
+
+    /// `int8`, `int8x2` or `f32`.
     pub fn parse(name: &str) -> Result<Self> {
-        match name {
-            "int8" => Ok(Self::Int8),
-            "f32" => Ok(Self::F32),
-            other => Err(Error::Invalid(format!(
-                "precision `{other}`, expected int8 or f32"
-            ))),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| {
+                Error::Invalid(format!("precision `{name}`, expected int8, int8x2 or f32"))
+            })
     }
 
-    /// `int8` or `f32`.
+    /// `int8`, `int8x2` or `f32`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Int8 => "int8",
             Self::F32 => "f32",
+            Self::Int8x2 => "int8x2",
         }
+    }
+
+    /// Whether products go through the int8 unit (one plane or two).
+    pub fn is_int8(self) -> bool {
+        self != Self::F32
+    }
+
+    /// Whether every operand is carried as two planes.
+    pub fn two_planes(self) -> bool {
+        self == Self::Int8x2
     }
 }
 
@@ -56,6 +74,61 @@ pub(crate) struct Ctx<'a> {
 pub(crate) enum Weight {
     F32(Vec<f32>),
     Int8(PackedWeights),
+    /// The two planes of §3.9: the quantized weight, then the quantized residual.
+    Int8x2([PackedWeights; 2]),
+}
+
+impl Weight {
+    /// Packed from one plane (int8) or two (int8x2).
+    fn packed((p1, p2): Planes) -> Self {
+        let p1 = PackedWeights::from_quantized(&p1);
+        match p2 {
+            Some(p2) => Self::Int8x2([p1, PackedWeights::from_quantized(&p2)]),
+            None => Self::Int8(p1),
+        }
+    }
+}
+
+/// An operand's first plane and, at int8x2, its second.
+pub(crate) type Planes = (Quantized, Option<Quantized>);
+
+/// The planes of `rows × k` values at `precision` (int8: one; int8x2: two).
+pub(crate) fn planes(
+    precision: Precision,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+) -> std::result::Result<Planes, daisy_gemm_int8::Error> {
+    let first = quantize_rows(x, rows, k)?;
+    let second = match precision.two_planes() {
+        true => Some(quantize_residual(x, &first)?),
+        false => None,
+    };
+    Ok((first, second))
+}
+
+/// `C = A·Bᵀ` from the planes of A and of B: `D(A₁,B₁)` with one plane each, or
+/// `(D(A₁,B₁) + D(A₂,B₁)) + D(A₁,B₂)` in f32 with two (§3.9), where D is one product through the
+/// unit. A₁ and A₂ go through the unit stacked, as one product of twice the rows against B₁.
+fn product<'b>(
+    backend: &dyn Backend,
+    (mut a1, a2): Planes,
+    b1: Rhs<'b>,
+    b2: Option<Rhs<'b>>,
+) -> std::result::Result<Vec<f32>, daisy_gemm_int8::Error> {
+    let (Some(a2), Some(b2)) = (a2, b2) else {
+        return gemm_quantized(backend, &a1, b1);
+    };
+    let cross = gemm_quantized(backend, &a1, b2)?;
+    a1.append(&a2)?;
+    let mut both = gemm_quantized(backend, &a1, b1)?;
+    let cells = cross.len();
+    let (d11, d21) = both.split_at_mut(cells);
+    for ((c, d21), d12) in d11.iter_mut().zip(&*d21).zip(&cross) {
+        *c = (*c + d21) + d12;
+    }
+    both.truncate(cells);
+    Ok(both)
 }
 
 pub(crate) fn gemm_err(what: &dyn Fn() -> String, e: daisy_gemm_int8::Error) -> Error {
@@ -88,6 +161,13 @@ impl Linear {
                 PackedWeights::new(&w, n, k)
                     .map_err(|e| gemm_err(&|| format!("quantizing a {n}x{k} weight"), e))?,
             ),
+            Precision::Int8x2 => {
+                let what = || format!("quantizing a {n}x{k} weight");
+                let p1 = PackedWeights::new(&w, n, k).map_err(|e| gemm_err(&what, e))?;
+                let p2 =
+                    quantize_residual(&w, &p1.to_quantized()).map_err(|e| gemm_err(&what, e))?;
+                Weight::Int8x2([p1, PackedWeights::from_quantized(&p2)])
+            }
         };
         Ok(Self { weight, n, k, bias })
     }
@@ -107,10 +187,12 @@ impl Linear {
                 embed.release(0, n);
                 Weight::F32(w)
             }
-            Precision::Int8 => {
+            Precision::Int8 | Precision::Int8x2 => {
                 const BLOCK: usize = 1024;
                 let what = || format!("quantizing the tied {n}x{k} lm_head");
-                let (mut q, mut scales) = (Vec::with_capacity(n * k), Vec::with_capacity(n));
+                let two = precision.two_planes();
+                let part = || (Vec::with_capacity(n * k), Vec::with_capacity(n));
+                let (mut first, mut second): ((Vec<i8>, Vec<f32>), _) = (part(), two.then(part));
                 let mut rows = Vec::with_capacity(BLOCK * k);
                 for r0 in (0..n).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(n);
@@ -120,12 +202,19 @@ impl Linear {
                     }
                     // A mapped table's pages, once quantized, are not kept resident for it.
                     embed.release(r0, r1);
-                    let block = quantize_rows(&rows, r1 - r0, k).map_err(|e| gemm_err(&what, e))?;
-                    q.extend_from_slice(block.q());
-                    scales.extend_from_slice(block.scales());
+                    let (p1, p2) =
+                        planes(precision, &rows, r1 - r0, k).map_err(|e| gemm_err(&what, e))?;
+                    first.0.extend_from_slice(p1.q());
+                    first.1.extend_from_slice(p1.scales());
+                    if let (Some((q, scales)), Some(p2)) = (&mut second, p2) {
+                        q.extend_from_slice(p2.q());
+                        scales.extend_from_slice(p2.scales());
+                    }
                 }
-                let all = Quantized::from_parts(n, k, q, scales).map_err(|e| gemm_err(&what, e))?;
-                Weight::Int8(PackedWeights::from_quantized(&all))
+                let whole = |(q, scales)| {
+                    Quantized::from_parts(n, k, q, scales).map_err(|e| gemm_err(&what, e))
+                };
+                Weight::packed((whole(first)?, second.map(whole).transpose()?))
             }
         };
         Ok(Self {
@@ -148,6 +237,11 @@ impl Linear {
             Weight::Int8(p) => {
                 put.u8(1);
                 put.packed(p);
+            }
+            Weight::Int8x2([p1, p2]) => {
+                put.u8(2);
+                put.packed(p1);
+                put.packed(p2);
             }
         }
         match &self.bias {
@@ -181,10 +275,16 @@ impl Linear {
                 Weight::F32(w)
             }
             (1, Precision::Int8) => Weight::Int8(take.packed(n, k)?),
+            (2, Precision::Int8x2) => Weight::Int8x2([take.packed(n, k)?, take.packed(n, k)?]),
             (tag, _) => {
+                let held = match tag {
+                    0 => "f32",
+                    1 => "int8",
+                    2 => "int8x2",
+                    _ => "an unknown precision",
+                };
                 return Err(bad(format!(
-                    "held as {}, the stage runs {}",
-                    if tag == 1 { "int8" } else { "f32" },
+                    "held as {held}, the stage runs {}",
                     precision.name()
                 )));
             }
@@ -207,6 +307,7 @@ impl Linear {
         let w = match &self.weight {
             Weight::F32(w) => w.len() * 4,
             Weight::Int8(p) => p.bytes(),
+            Weight::Int8x2([p1, p2]) => p1.bytes() + p2.bytes(),
         };
         w + self.bias.as_ref().map_or(0, |b| b.len() * 4)
     }
@@ -222,6 +323,16 @@ impl Linear {
         let mut y = match &self.weight {
             Weight::F32(w) => matmul_f32(x, t, w, self.n, self.k),
             Weight::Int8(p) => gemm(cx.backend, x, t, p).map_err(|e| gemm_err(what, e))?,
+            Weight::Int8x2(w) => {
+                let a = planes(cx.precision, x, t, self.k).map_err(|e| gemm_err(what, e))?;
+                product(
+                    cx.backend,
+                    a,
+                    Rhs::Weights(&w[0]),
+                    Some(Rhs::Weights(&w[1])),
+                )
+                .map_err(|e| gemm_err(what, e))?
+            }
         };
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.n) {
@@ -242,12 +353,12 @@ pub(crate) enum ActRhs<'a> {
         n: usize,
         k: usize,
     },
-    /// Quantized for this call (Vᵀ), or borrowed from the key cache.
-    Int8Owned(Quantized),
-    Int8(&'a Quantized),
+    /// Its planes, quantized for this call (Vᵀ), or borrowed from the key cache.
+    Int8Owned(Planes),
+    Int8(&'a Quantized, Option<&'a Quantized>),
 }
 
-/// `b` (`n×k`) as the B operand at the context's precision: quantized per row for int8.
+/// `b` (`n×k`) as the B operand at the context's precision: its planes for int8 and int8x2.
 pub(crate) fn act_rhs<'a>(
     cx: Ctx<'_>,
     b: &'a [f32],
@@ -257,22 +368,33 @@ pub(crate) fn act_rhs<'a>(
 ) -> Result<ActRhs<'a>> {
     match cx.precision {
         Precision::F32 => Ok(ActRhs::F32 { b, n, k }),
-        Precision::Int8 => quantize_rows(b, n, k)
+        Precision::Int8 | Precision::Int8x2 => planes(cx.precision, b, n, k)
             .map(ActRhs::Int8Owned)
             .map_err(|e| gemm_err(what, e)),
     }
 }
 
-/// Quantize `t` new key rows (`k` wide) and append them to a quantized key cache.
+/// Quantize `t` new key rows (`k` wide) and append their planes to a quantized key cache (`second`
+/// at int8x2).
 pub(crate) fn quantize_keys(
+    precision: Precision,
     rows: &[f32],
     t: usize,
     k: usize,
-    cache: &mut Quantized,
+    (first, second): (&mut Quantized, Option<&mut Quantized>),
     what: &dyn Fn() -> String,
 ) -> Result<()> {
-    let new = quantize_rows(rows, t, k).map_err(|e| gemm_err(what, e))?;
-    cache.append(&new).map_err(|e| gemm_err(what, e))
+    let (p1, p2) = planes(precision, rows, t, k).map_err(|e| gemm_err(what, e))?;
+    first.append(&p1).map_err(|e| gemm_err(what, e))?;
+    match (second, p2) {
+        (Some(cache), Some(p2)) => cache.append(&p2).map_err(|e| gemm_err(what, e)),
+        (None, None) => Ok(()),
+        _ => Err(Error::Invalid(format!(
+            "{}: the key cache holds other planes than {} makes",
+            what(),
+            precision.name()
+        ))),
+    }
 }
 
 /// `C = A·Bᵀ` for an activation A (`t×k`) and a prepared activation B (attention scores and
@@ -284,11 +406,12 @@ pub(crate) fn act_gemm_rhs(
     b: &ActRhs<'_>,
     what: &dyn Fn() -> String,
 ) -> Result<Vec<f32>> {
-    let qb: &Quantized = match b {
+    let (b1, b2) = match b {
         ActRhs::F32 { b, n, k } => return Ok(matmul_f32(a, t, b, *n, *k)),
-        ActRhs::Int8Owned(qb) => qb,
-        ActRhs::Int8(qb) => qb,
+        ActRhs::Int8Owned((b1, b2)) => (b1, b2.as_ref()),
+        ActRhs::Int8(b1, b2) => (*b1, *b2),
     };
-    let qa = quantize_rows(a, t, qb.k()).map_err(|e| gemm_err(what, e))?;
-    gemm_quantized(cx.backend, &qa, Rhs::Activation(qb)).map_err(|e| gemm_err(what, e))
+    let a = planes(cx.precision, a, t, b1.k()).map_err(|e| gemm_err(what, e))?;
+    product(cx.backend, a, Rhs::Activation(b1), b2.map(Rhs::Activation))
+        .map_err(|e| gemm_err(what, e))
 }

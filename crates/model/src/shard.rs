@@ -180,6 +180,7 @@ fn precision_byte(p: Precision) -> u8 {
     match p {
         Precision::Int8 => 1,
         Precision::F32 => 0,
+        Precision::Int8x2 => 2,
     }
 }
 
