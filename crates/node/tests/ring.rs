@@ -390,7 +390,27 @@ fn ids_and_hops(v: &Value) -> (Value, Vec<(u64, String)>) {
 }
 
 fn check_ring_matches_one_process(model: &Path, stages: &str, prompt: &str, path: &str) {
-    let generate = ["--max-new-tokens", "8", "--ignore-eos", "--path", path];
+    check_ring_matches_one_process_at(model, stages, prompt, path, "int8");
+}
+
+/// [`check_ring_matches_one_process`] with the head (and so every member, through its assignment)
+/// and the oracle at `precision`.
+fn check_ring_matches_one_process_at(
+    model: &Path,
+    stages: &str,
+    prompt: &str,
+    path: &str,
+    precision: &str,
+) {
+    let generate = [
+        "--max-new-tokens",
+        "8",
+        "--ignore-eos",
+        "--path",
+        path,
+        "--precision",
+        precision,
+    ];
     let mut head_args = vec!["--stages", stages, "--prompt", prompt, "--format", "json"];
     head_args.extend(generate);
     let n_members = stages.split(',').count() - 1;
@@ -492,6 +512,31 @@ fn a_head_of_zero_layers_over_three_processes() {
     for path in ["full-window", "cached"] {
         check_ring_matches_one_process(&gpt2, "0,2,1", "Hello there, ring", path);
     }
+}
+
+#[test]
+fn a_ring_at_int8x2_gives_the_bits_of_one_process_at_int8x2() {
+    let llama = root().join("fixtures/tiny/llama");
+    let prompt = "Hello there, ring";
+    for path in ["full-window", "cached"] {
+        check_ring_matches_one_process_at(&llama, "1,1,1", prompt, path, "int8x2");
+    }
+    // Mutation: the members ran two planes, not one — one process at int8 gives other hop hashes.
+    let at = |precision| {
+        let extra = [
+            "--max-new-tokens",
+            "8",
+            "--ignore-eos",
+            "--precision",
+            precision,
+        ];
+        ids_and_hops(&one_process(&llama, "1,1,1", prompt, &extra)).1
+    };
+    assert_ne!(
+        at("int8"),
+        at("int8x2"),
+        "int8 and int8x2 give the same hops"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::{
     Activation, Assignment, Cancel, Commit, DeviceId, Error, ErrorReport, Fingerprint, GemmRate,
     Hash, Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan,
     Positions, ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageSpan, StageTimes, Text,
-    TimesRequest, TurnStart,
+    TimesRequest, TurnStart, Weights,
 };
 
 /// Encodes a message to its postcard bytes.
@@ -136,7 +136,7 @@ struct RawAssignment {
     fingerprint: Fingerprint,
     stage: usize,
     layers: Range<usize>,
-    f32: bool,
+    weights: Weights,
 }
 
 #[derive(Deserialize)]
@@ -207,7 +207,7 @@ impl RawMessage {
                     a.stage,
                     a.layers,
                 )?
-                .with_f32(a.f32),
+                .with_weights(a.weights),
             ),
             Self::Progress(p) => Message::Progress(Progress::new(p.fetched, p.total)?),
             Self::Ready(r) => Message::Ready(r),

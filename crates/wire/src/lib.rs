@@ -24,6 +24,6 @@ pub use ids::{
 pub use message::{
     Activation, Assignment, Cancel, ErrorReport, Heartbeat, Hello, HopRecord, LinkIds,
     MAX_TIMED_STEPS, Message, PROTOCOL_VERSION, Placement, Positions, ProbeRequest, ProbeResult,
-    Progress, Ready, StageTimes, TimesRequest, TurnStart,
+    Progress, Ready, StageTimes, TimesRequest, TurnStart, Weights,
 };
 pub use plan::{Plan, StageSpan, Violation, Violations, validate_stages};

@@ -151,9 +151,21 @@ impl Placement {
     }
 }
 
+/// How a stage holds its weights and forms its products (DESIGN.md §3): the ring runs one precision.
+/// On the wire a byte, 0 and 1 as the boolean "f32" of earlier versions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Weights {
+    /// int8, every product through the verified GEMM.
+    #[default]
+    Int8,
+    /// The f32 reference.
+    F32,
+    /// Two int8 planes per operand (§3.9).
+    Int8x2,
+}
+
 /// What one device must load: `layers` of the model at `repo`@`commit`, as stage `stage`
-/// (0 = the head, which also loads the embedding and lm_head), with int8 weights through the
-/// verified GEMM or, when `f32`, the f32 reference.
+/// (0 = the head, which also loads the embedding and lm_head), with its weights held as `weights`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Assignment {
     repo: RepoId,
@@ -161,7 +173,7 @@ pub struct Assignment {
     fingerprint: Fingerprint,
     stage: usize,
     layers: Range<usize>,
-    f32: bool,
+    weights: Weights,
 }
 
 impl Assignment {
@@ -182,19 +194,19 @@ impl Assignment {
             fingerprint,
             stage,
             layers,
-            f32: false,
+            weights: Weights::Int8,
         })
     }
 
-    /// The same assignment with f32 reference weights (`true`) or int8 ones (`false`).
-    pub fn with_f32(mut self, f32: bool) -> Self {
-        self.f32 = f32;
+    /// The same assignment with its weights held as `weights`.
+    pub fn with_weights(mut self, weights: Weights) -> Self {
+        self.weights = weights;
         self
     }
 
-    /// Whether the stage holds f32 reference weights instead of int8 ones.
-    pub fn f32(&self) -> bool {
-        self.f32
+    /// How the stage holds its weights.
+    pub fn weights(&self) -> Weights {
+        self.weights
     }
 
     pub fn repo(&self) -> &RepoId {

@@ -458,3 +458,21 @@ fn an_activations_turn_is_read_from_its_first_fields_only() {
     }
     assert!(peek_activation_turn(&[7]).is_err(), "a truncated header");
 }
+
+#[test]
+fn an_assignment_of_unknown_weights_is_refused() {
+    let sample = samples::all()
+        .into_iter()
+        .find(|(name, _)| *name == "assignment_int8x2")
+        .expect("the int8x2 assignment sample")
+        .1;
+    let mut bytes = encode(&sample);
+    // The weights are the assignment's last field, one byte: 0 int8, 1 f32, 2 int8x2.
+    assert_eq!(bytes.last(), Some(&2));
+    assert_eq!(decode(&bytes).unwrap(), sample);
+    *bytes.last_mut().unwrap() = 3;
+    match decode(&bytes) {
+        Err(Error::Malformed { .. }) => {}
+        other => panic!("weights 3 decoded as {other:?}"),
+    }
+}

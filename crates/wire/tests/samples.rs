@@ -4,6 +4,7 @@ use daisy_wire::{
     Activation, Assignment, Cancel, Commit, DeviceId, ErrorReport, Fingerprint, GemmRate, Hash,
     Heartbeat, Hello, HopRecord, LinkIds, Message, PROTOCOL_VERSION, Placement, Plan, Positions,
     ProbeRequest, ProbeResult, Progress, Ready, RepoId, StageTimes, Text, TimesRequest, TurnStart,
+    Weights,
 };
 use proptest::prelude::*;
 
@@ -80,6 +81,20 @@ pub(crate) fn all() -> Vec<(&'static str, Message)> {
                     10..20,
                 )
                 .unwrap(),
+            ),
+        ),
+        (
+            "assignment_int8x2",
+            Message::Assignment(
+                Assignment::new(
+                    RepoId::parse("HuggingFaceTB/SmolLM2-135M-Instruct").unwrap(),
+                    Commit::parse("12fd25f77366fa6b3b4b768ec3050bf629380bac").unwrap(),
+                    fp(0xab),
+                    2,
+                    20..30,
+                )
+                .unwrap()
+                .with_weights(Weights::Int8x2),
             ),
         ),
         (
@@ -257,9 +272,14 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
             digest(),
             0usize..5,
             0usize..50,
-            1usize..50
+            1usize..50,
+            prop_oneof![
+                Just(Weights::Int8),
+                Just(Weights::F32),
+                Just(Weights::Int8x2)
+            ]
         )
-            .prop_map(|(repo, commit, f, stage, start, len)| {
+            .prop_map(|(repo, commit, f, stage, start, len, weights)| {
                 Message::Assignment(
                     Assignment::new(
                         repo,
@@ -268,7 +288,8 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
                         stage,
                         start..start + len,
                     )
-                    .unwrap(),
+                    .unwrap()
+                    .with_weights(weights),
                 )
             }),
         (any::<u64>(), any::<u64>())

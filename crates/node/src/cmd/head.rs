@@ -987,7 +987,7 @@ impl Ring<'_> {
             v.ring = devices.clone();
             v.state = "loading".into();
         });
-        let f32 = self.settings.args.compute.precision == daisy_model::Precision::F32;
+        let weights = crate::cmd::options::weights_of(self.settings.args.compute.precision);
         // ids[i] is the link from stage i to stage i + 1, the last one back to the head.
         let n = self.members.len();
         let ids: Vec<u64> = (0..=n).map(|_| self.shared.link_id()).collect();
@@ -1000,7 +1000,7 @@ impl Ring<'_> {
                 stage,
                 self.plan.stages()[stage].layers.clone(),
             )?
-            .with_f32(f32);
+            .with_weights(weights);
             let links = LinkIds {
                 up: ids[i],
                 down: ids[i + 1],

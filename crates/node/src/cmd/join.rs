@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use daisy_engine::Member;
 use daisy_loader::Checkpoint;
-use daisy_model::{Precision, Stage};
+use daisy_model::Stage;
 use daisy_wire::{
     Assignment, DeviceId, ErrorReport, Fingerprint, GemmRate, Hello, HopRecord, Message,
     PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, StageTimes, Text, TurnStart,
@@ -782,14 +782,10 @@ fn load(
         }));
     }
     let t0 = Instant::now();
-    let precision = if assignment.f32() {
-        Precision::F32
-    } else {
-        Precision::Int8
-    };
+    let precision = crate::cmd::options::precision_of(assignment.weights());
     // A shard of these layers already in the cache is read instead of the layers' tensors.
     let streamed = max.is_some_and(|m| layers.len() > m);
-    let kept = keep && precision == Precision::Int8 && layers.len() >= 2;
+    let kept = keep && precision.is_int8() && layers.len() >= 2;
     let from_cache = (streamed || kept)
         && daisy_engine::shard_path(&checkpoint.fingerprint(), &layers, precision)
             .is_ok_and(|p| p.exists());

@@ -29,13 +29,33 @@ impl FormatArgs {
 /// How the products of a run are computed.
 #[derive(Clone, Copy, Debug, clap::Args)]
 pub(crate) struct ComputeArgs {
-    /// `int8`: every product through the verified GEMM (the product); `f32`: the reference.
+    /// `int8`: every product through the verified GEMM (the product); `int8x2`: every operand as two
+    /// int8 planes, answers within a hair of f32's for about 3x the int8 work and 2x its weight
+    /// memory; `f32`: the reference. The head's choice holds for the whole ring.
     #[arg(long, value_enum, default_value_t = Precision::Int8)]
     pub(crate) precision: Precision,
     /// `auto` takes the faster of the CPU kernels and a hardware GPU by measured GEMM rate (and says
     /// so on stderr); `gpu` uses a wgpu adapter that passed the exact gates or fails; `cpu`.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub(crate) backend: BackendChoice,
+}
+
+/// The precision as an assignment carries it to a member.
+pub(crate) fn weights_of(precision: Precision) -> daisy_wire::Weights {
+    match precision {
+        Precision::Int8 => daisy_wire::Weights::Int8,
+        Precision::F32 => daisy_wire::Weights::F32,
+        Precision::Int8x2 => daisy_wire::Weights::Int8x2,
+    }
+}
+
+/// The precision an assignment asks a member for.
+pub(crate) fn precision_of(weights: daisy_wire::Weights) -> Precision {
+    match weights {
+        daisy_wire::Weights::Int8 => Precision::Int8,
+        daisy_wire::Weights::F32 => Precision::F32,
+        daisy_wire::Weights::Int8x2 => Precision::Int8x2,
+    }
 }
 
 /// The command-line spelling of a clap value.
