@@ -1,6 +1,9 @@
 //! The model figures of `cargo xtask bench`: SmolLM2-135M-Instruct through the released `node`
-//! binary, int8, one stage — prefill tok/s at 64 and 512 prompt tokens (full window), decode tok/s on
-//! the cached path, and peak RSS ÷ parameters of the whole model in one process.
+//! binary, one stage, at each int8 precision (`int8`, the default, and `int8x2`) — prefill tok/s at
+//! 64 and 512 prompt tokens (full window), decode tok/s on the cached path, peak RSS ÷ parameters of
+//! the whole model in one process — and beside them the quality of each: on the essay (the golden's
+//! ids), top-1 agreement with `transformers`' f32 argmax and the perplexity ÷ f32's. int8x2's speeds
+//! also appear as a fraction of int8's, so the price of its accuracy is printed with it.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,10 +16,23 @@ use crate::bench::Figure;
 pub(crate) const MODEL: &str = "target/fixtures/SmolLM2-135M-Instruct";
 pub(crate) const TEXT: &str = "fixtures/text/essay.txt";
 
-/// `node` from the release profile (built here).
+/// The golden of SmolLM2 (its essay ids and `transformers`' f32 argmax and perplexity).
+const GOLDEN: &str = "fixtures/goldens/SmolLM2-135M-Instruct.json";
+
 /// `node run` on SmolLM2 in int8 with `new_tokens` generated (end-of-sequence ignored) on `path`.
 pub(crate) fn run_int8(
     root: &Path,
+    prompt: &str,
+    new_tokens: usize,
+    path: &str,
+) -> anyhow::Result<Value> {
+    run_at(root, "int8", prompt, new_tokens, path)
+}
+
+/// [`run_int8`] at `precision`.
+fn run_at(
+    root: &Path,
+    precision: &str,
     prompt: &str,
     new_tokens: usize,
     path: &str,
@@ -36,7 +52,7 @@ pub(crate) fn run_int8(
             "--path",
             path,
             "--precision",
-            "int8",
+            precision,
             "--format",
             "json",
         ],
@@ -124,39 +140,96 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         value,
         unit: unit.to_string(),
     };
-    for n in [64usize, 512] {
-        let prompt = prompt_of(&root, &text, n)?;
-        let mut best = 0f64;
-        let mut tokens = 0;
-        for _ in 0..3 {
-            let j = run_int8(&root, &prompt, 1, "full-window")?;
-            tokens = j["prompt_ids"].as_array().map_or(0, Vec::len);
-            best = best.max(tokens as f64 / timing(&j, "prefill_s")?);
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join(GOLDEN)).with_context(|| format!("reading {GOLDEN}"))?,
+    )
+    .with_context(|| format!("parsing {GOLDEN}"))?;
+    let ids_file = crate::target_dir()?.join("bench-essay-ids.json");
+    std::fs::write(&ids_file, golden["text"]["ids"].to_string())
+        .with_context(|| format!("writing {}", ids_file.display()))?;
+    let f32_argmax = golden["text"]["f32_argmax"]
+        .as_array()
+        .context("the golden's text.f32_argmax")?;
+    let f32_ppl = golden["text"]["f32_perplexity"]
+        .as_f64()
+        .context("the golden's text.f32_perplexity")?;
+    let mut params = 0.0;
+    let mut speeds: Vec<(String, f64)> = Vec::new();
+    for precision in ["int8", "int8x2"] {
+        let name = |what: &str| format!("model/smollm2-135m/{precision}/{what}");
+        for n in [64usize, 512] {
+            let prompt = prompt_of(&root, &text, n)?;
+            let mut best = 0f64;
+            let mut tokens = 0;
+            for _ in 0..3 {
+                let j = run_at(&root, precision, &prompt, 1, "full-window")?;
+                tokens = j["prompt_ids"].as_array().map_or(0, Vec::len);
+                best = best.max(tokens as f64 / timing(&j, "prefill_s")?);
+            }
+            eprintln!("prefill: {tokens} prompt tokens");
+            speeds.push((format!("prefill_{n}"), best));
+            figures.push(fig(&name(&format!("prefill_{n}")), best, "tok/s"));
         }
-        eprintln!("prefill: {tokens} prompt tokens");
+        let prompt = prompt_of(&root, &text, 16)?;
+        let j = run_at(&root, precision, &prompt, 129, "cached")?;
+        let decode = timing(&j, "decode_tokens_per_s")?;
+        speeds.push(("decode_cached_1_stage".to_string(), decode));
+        figures.push(fig(&name("decode_cached_1_stage"), decode, "tok/s"));
+        let rss = j["peak_rss_bytes"]
+            .as_f64()
+            .context("peak_rss_bytes missing")?;
+        params = j["params"].as_f64().context("params missing")?;
+        figures.push(fig(&name("peak_rss"), rss / 1e6, "MB"));
         figures.push(fig(
-            &format!("model/smollm2-135m/int8/prefill_{n}"),
-            best,
-            "tok/s",
+            &name("peak_rss_per_param"),
+            rss / params,
+            "bytes/param",
+        ));
+        let ids = ids_file.to_string_lossy();
+        let scored = node(
+            &root,
+            &[
+                "score",
+                "--model",
+                MODEL,
+                "--ids-file",
+                &ids,
+                "--precision",
+                precision,
+                "--format",
+                "json",
+            ],
+        )?;
+        let argmax = scored["argmax"].as_array().context("score argmax")?;
+        if argmax.len() != f32_argmax.len() {
+            bail!(
+                "scored {} positions of the essay, the golden {}",
+                argmax.len(),
+                f32_argmax.len()
+            );
+        }
+        let agree = argmax
+            .iter()
+            .zip(f32_argmax)
+            .filter(|(a, b)| a == b)
+            .count();
+        let ppl = scored["perplexity"].as_f64().context("score perplexity")?;
+        figures.push(fig(
+            &name("essay_top1_vs_f32"),
+            100.0 * agree as f64 / argmax.len() as f64,
+            "%",
+        ));
+        figures.push(fig(&name("essay_perplexity_vs_f32"), ppl / f32_ppl, "x"));
+    }
+    // int8x2's speeds as a fraction of int8's (the first half of `speeds` is int8's).
+    let half = speeds.len() / 2;
+    for ((what, base), (_, two)) in speeds[..half].iter().zip(&speeds[half..]) {
+        figures.push(fig(
+            &format!("model/smollm2-135m/int8x2/{what}_vs_int8"),
+            two / base,
+            "x",
         ));
     }
-    let prompt = prompt_of(&root, &text, 16)?;
-    let j = run_int8(&root, &prompt, 129, "cached")?;
-    figures.push(fig(
-        "model/smollm2-135m/int8/decode_cached_1_stage",
-        timing(&j, "decode_tokens_per_s")?,
-        "tok/s",
-    ));
-    let rss = j["peak_rss_bytes"]
-        .as_f64()
-        .context("peak_rss_bytes missing")?;
-    let params = j["params"].as_f64().context("params missing")?;
-    figures.push(fig("model/smollm2-135m/int8/peak_rss", rss / 1e6, "MB"));
-    figures.push(fig(
-        "model/smollm2-135m/int8/peak_rss_per_param",
-        rss / params,
-        "bytes/param",
-    ));
     figures.push(fig("model/smollm2-135m/params", params / 1e6, "M"));
     Ok(figures)
 }
