@@ -1,6 +1,7 @@
 //! SmolLM2-135M-Instruct at int8 split [10, 10, 10] with every GEMM on the GPU backend equals the
 //! unsplit CPU run bit for bit: the hidden state at every hop, the logits, and greedy ids. A mutant
-//! kernel injected after the gates makes the GPU run fail its audit instead of answering.
+//! kernel injected after the gates makes the GPU run fail its audit instead of answering. The same
+//! at int8x2 (two planes, three products per GEMM), whose hops differ from int8's.
 //!
 //! Needs `target/fixtures/SmolLM2-135M-Instruct` (`cargo xtask fixtures`) and an adapter; without
 //! either it skips with a note, except under `CI=true`, where that is a failure.
@@ -29,12 +30,23 @@ fn stages(
     split: &[usize],
     backend: &Arc<dyn Backend>,
 ) -> Vec<Stage> {
+    stages_at(ckpt, cfg, split, backend, Precision::Int8)
+}
+
+/// [`stages`] at `precision`.
+fn stages_at(
+    ckpt: &Checkpoint,
+    cfg: &ModelConfig,
+    split: &[usize],
+    backend: &Arc<dyn Backend>,
+    precision: Precision,
+) -> Vec<Stage> {
     let mut start = 0;
     split
         .iter()
         .enumerate()
         .map(|(i, &n)| {
-            let mut s = Stage::load(ckpt, cfg, start..start + n, i == 0, Precision::Int8).unwrap();
+            let mut s = Stage::load(ckpt, cfg, start..start + n, i == 0, precision).unwrap();
             s.set_backend(Arc::clone(backend));
             start += n;
             s
@@ -73,30 +85,79 @@ fn run(stages: &[Stage], prompt: &[u32], steps: usize) -> Result<Run, daisy_mode
     Ok((hops, logits, ids[prompt.len()..].to_vec()))
 }
 
-#[test]
-fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
+/// `<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n`, as
+/// `tokenizers.Tokenizer.from_file` encodes it with the fixture's tokenizer.json.
+const PROMPT: [u32; 16] = [
+    1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+];
+
+/// The fixture and a gated GPU backend, or `None` (after a note) when either is missing outside CI.
+fn fixture_and_gpu() -> Option<(Checkpoint, GpuBackend)> {
     if !std::path::Path::new(MODEL).join("config.json").exists() {
         assert!(!in_ci(), "CI=true and no fixture at {MODEL}");
         eprintln!("skipping: no fixture at {MODEL} (cargo xtask fixtures)");
-        return;
+        return None;
     }
     let gpu = match GpuBackend::new() {
         Ok(g) => g,
         Err(e @ Error::NoAdapter { .. }) => {
             assert!(!in_ci(), "CI=true and no GPU adapter: {e}");
             eprintln!("skipping: {e}");
-            return;
+            return None;
         }
         Err(e) => panic!("the GPU backend did not come up: {e}"),
     };
     eprintln!("adapter: {}", gpu.adapter_name());
-    let ckpt = Checkpoint::open(MODEL).unwrap();
+    Some((Checkpoint::open(MODEL).unwrap(), gpu))
+}
+
+#[test]
+fn smollm2_int8x2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
+    let Some((ckpt, gpu)) = fixture_and_gpu() else {
+        return;
+    };
     let cfg = ckpt.config().clone();
-    // `<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n`, as
-    // `tokenizers.Tokenizer.from_file` encodes it with the fixture's tokenizer.json.
-    let prompt = [
-        1u32, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
-    ];
+    let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
+    let gpu: Arc<dyn Backend> = Arc::new(gpu);
+    let at = |split: &[usize], backend: &Arc<dyn Backend>, precision| {
+        run(
+            &stages_at(&ckpt, &cfg, split, backend, precision),
+            &PROMPT,
+            2,
+        )
+        .unwrap()
+    };
+    let unsplit = at(&[30], &cpu, Precision::Int8x2);
+    let on_gpu = at(&[10, 10, 10], &gpu, Precision::Int8x2);
+    let cpu_split = at(&[10, 10, 10], &cpu, Precision::Int8x2);
+    assert!(
+        on_gpu.0 == cpu_split.0,
+        "the GPU hops differ from the CPU's"
+    );
+    assert!(
+        on_gpu.1 == unsplit.1,
+        "the GPU logits differ from the unsplit CPU run's"
+    );
+    assert_eq!(
+        on_gpu.2, unsplit.2,
+        "the GPU greedy ids differ from the CPU's"
+    );
+    // Mutation: these are two planes' bits, not one's.
+    let int8 = at(&[10, 10, 10], &cpu, Precision::Int8);
+    assert!(int8.0[0] != on_gpu.0[0], "int8 gives int8x2's first hop");
+    eprintln!(
+        "int8x2 ids {:?} equal on cpu unsplit and gpu split",
+        on_gpu.2
+    );
+}
+
+#[test]
+fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
+    let Some((ckpt, gpu)) = fixture_and_gpu() else {
+        return;
+    };
+    let cfg = ckpt.config().clone();
+    let prompt = PROMPT;
 
     let cpu: Arc<dyn Backend> = Arc::new(CpuBackend::new());
     let gpu: Arc<dyn Backend> = Arc::new(gpu);
