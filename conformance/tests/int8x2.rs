@@ -55,8 +55,9 @@ fn int8x2_matches_its_reference_and_keeps_f32s_answers() {
 #[test]
 fn smollm2_int8x2_split_invariant_both_paths() {
     let model = smollm2();
-    // Uneven splits, and one with an empty head; long enough for three prefill chunks when cached.
-    let splits: Vec<Vec<usize>> = vec![vec![30], vec![10, 10, 10], vec![0, 15, 15], vec![7, 1, 22]];
+    // Three stages, and an uneven split with an empty head; long enough for three prefill chunks
+    // when cached.
+    let splits: Vec<Vec<usize>> = vec![vec![10, 10, 10], vec![0, 7, 23]];
     let prompt = smollm2_prompt(
         "The lighthouse keeper wrote in his log every evening: the wind, the ships that passed, the \
          colour of the sea, and whether the lamp had needed trimming. One night he wrote",
@@ -64,7 +65,7 @@ fn smollm2_int8x2_split_invariant_both_paths() {
     assert!(prompt.len() > 32);
     let mut faults = Vec::new();
     for path in [ForwardPath::FullWindow, ForwardPath::Cached] {
-        for f in check_splits(&model, &splits, Precision::Int8x2, &prompt, path, 4) {
+        for f in check_splits(&model, &splits, Precision::Int8x2, &prompt, path, 3) {
             faults.push(format!("{}: {f}", path.name()));
         }
     }
