@@ -4,7 +4,7 @@
 //!   reference (PyTorch fake-quant of DESIGN.md §3), at least 99% equal over positions whose
 //!   reference margin is at least 1e-3, for every fixture model (the four tiny ones and
 //!   SmolLM2-135M-Instruct: its five prompts and the 2,064-token essay). Mutation: the f32 reference
-//!   scored the same way (a quietly-f32 "int8") must fall below the bar on some model.
+//!   scored the same way (a quietly-f32 "int8") must fall below the bar on some tiny model.
 //! - Bit for bit: every decoder layer's int8 output over each golden prompt has the SHA-256 the
 //!   reference recorded, for every fixture model. Mutation: the f32 path's hashes differ.
 //! - SmolLM2, int8, both paths: the five splits give identical ids and bit-identical hop hashes.
@@ -115,9 +115,13 @@ fn int8_matches_the_independent_fake_quant_reference() {
         if name == SMOLLM2 {
             smollm2_int8_misses_the_f32_bar = !meets_the_f32_bar(top1, ratio);
         }
-        let (fa, ft, _) = agreement(&model, name, Precision::F32, "int8");
-        eprintln!("{name}: f32 agrees with the int8 reference on {fa}/{ft}");
-        f32_passes_everywhere &= (fa as f64) >= 0.99 * ft as f64;
+        // The mutation runs on the tiny models only: one model where f32 misses the bar is enough,
+        // and f32 over SmolLM2's 2,064-token essay is minutes of CI.
+        if name != SMOLLM2 {
+            let (fa, ft, _) = agreement(&model, name, Precision::F32, "int8");
+            eprintln!("{name}: f32 agrees with the int8 reference on {fa}/{ft}");
+            f32_passes_everywhere &= (fa as f64) >= 0.99 * ft as f64;
+        }
     }
     // Mutation of int8x2's quality bar (`int8x2::…`): one plane does not pass it on SmolLM2.
     assert!(
