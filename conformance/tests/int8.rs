@@ -69,6 +69,34 @@ pub(crate) fn agreement(
     (agree, total, text.expect("the text is a case"))
 }
 
+/// Every fixture model with goldens: the tiny ones, then SmolLM2.
+pub(crate) fn fixture_models() -> impl Iterator<Item = (&'static str, Model)> {
+    TINY.iter()
+        .map(|&name| (name, Model::tiny(name).expect("tiny model")))
+        .chain(std::iter::once_with(|| (SMOLLM2, smollm2())))
+}
+
+/// Score `model` at `precision` against reference `mode` (`int8`/`int8x2`): a fault unless the
+/// argmax agrees at ≥ 99% of the compared positions, and the text's (top-1 vs f32, perplexity ratio).
+pub(crate) fn against_reference(
+    model: &Model,
+    name: &str,
+    precision: Precision,
+    mode: &str,
+) -> (Option<String>, f64, f64) {
+    let (agree, total, text) = agreement(model, name, precision, mode);
+    eprintln!("{name}: {mode} agrees with the {mode} reference on {agree}/{total}");
+    let fault = (total == 0 || (agree as f64) < 0.99 * total as f64).then(|| {
+        format!("{name}: {mode} argmax agrees on {agree}/{total} positions, expected >= 99%")
+    });
+    let (top1, ratio) = quality(name, &text);
+    eprintln!(
+        "{name}: {mode} top-1 vs f32 {:.2}%, perplexity ratio {ratio:.4}",
+        100.0 * top1
+    );
+    (fault, top1, ratio)
+}
+
 /// (top-1 agreement with the `transformers` f32 golden, perplexity ÷ the golden's f32 perplexity)
 /// of a score of the golden's text.
 pub(crate) fn quality(name: &str, text: &Scored) -> (f64, f64) {
@@ -95,23 +123,9 @@ fn int8_matches_the_independent_fake_quant_reference() {
     let mut faults = Vec::new();
     let mut f32_passes_everywhere = true;
     let mut smollm2_int8_misses_the_f32_bar = false;
-    let models = TINY
-        .iter()
-        .map(|&name| (name, Model::tiny(name).expect("tiny model")))
-        .chain([(SMOLLM2, smollm2())]);
-    for (name, model) in models {
-        let (agree, total, text) = agreement(&model, name, Precision::Int8, "int8");
-        eprintln!("{name}: int8 agrees with the int8 reference on {agree}/{total}");
-        if total == 0 || (agree as f64) < 0.99 * total as f64 {
-            faults.push(format!(
-                "{name}: int8 argmax agrees on {agree}/{total} positions, expected >= 99%"
-            ));
-        }
-        let (top1, ratio) = quality(name, &text);
-        eprintln!(
-            "{name}: int8 top-1 vs f32 {:.2}%, perplexity ratio {ratio:.4}",
-            100.0 * top1
-        );
+    for (name, model) in fixture_models() {
+        let (fault, top1, ratio) = against_reference(&model, name, Precision::Int8, "int8");
+        faults.extend(fault);
         if name == SMOLLM2 {
             smollm2_int8_misses_the_f32_bar = !meets_the_f32_bar(top1, ratio);
         }
@@ -159,13 +173,9 @@ fn int8_layers_are_bit_identical_to_the_reference() {
 /// Every layer's output at `precision` has the hash the reference recorded under `key`, for every
 /// fixture model and golden prompt; the first prompt's first layer at `mutant` must differ.
 pub(crate) fn layers_match_the_reference(precision: Precision, key: &str, mutant: Precision) {
-    let models = TINY
-        .iter()
-        .map(|&name| (name, Model::tiny(name).expect("tiny model")))
-        .chain([(SMOLLM2, smollm2())]);
     let mut faults = Vec::new();
     let mut compared = 0;
-    for (name, model) in models {
+    for (name, model) in fixture_models() {
         let g = daisy_conformance::golden(name).expect("golden");
         for p in g["prompts"].as_array().expect("prompts") {
             let input = ids(&p["input_ids"]);

@@ -10,10 +10,11 @@
 //!   the text at int8 anyway).
 //! - SmolLM2 at int8x2, both paths: the splits give identical ids and bit-identical hop hashes.
 
-use daisy_conformance::{Model, TINY};
 use daisy_model::{ForwardPath, Precision};
 
-use crate::int8::{SMOLLM2, agreement, layers_match_the_reference, meets_the_f32_bar, quality};
+use crate::int8::{
+    against_reference, fixture_models, layers_match_the_reference, meets_the_f32_bar,
+};
 use crate::splits::{check_splits, smollm2, smollm2_prompt};
 
 #[test]
@@ -24,23 +25,9 @@ fn int8x2_layers_are_bit_identical_to_the_reference() {
 #[test]
 fn int8x2_matches_its_reference_and_keeps_f32s_answers() {
     let mut faults = Vec::new();
-    let models = TINY
-        .iter()
-        .map(|&name| (name, Model::tiny(name).expect("tiny model")))
-        .chain([(SMOLLM2, smollm2())]);
-    for (name, model) in models {
-        let (agree, total, text) = agreement(&model, name, Precision::Int8x2, "int8x2");
-        eprintln!("{name}: int8x2 agrees with the int8x2 reference on {agree}/{total}");
-        if total == 0 || (agree as f64) < 0.99 * total as f64 {
-            faults.push(format!(
-                "{name}: int8x2 argmax agrees on {agree}/{total} positions, expected >= 99%"
-            ));
-        }
-        let (top1, ratio) = quality(name, &text);
-        eprintln!(
-            "{name}: int8x2 top-1 vs f32 {:.2}%, perplexity ratio {ratio:.4}",
-            100.0 * top1
-        );
+    for (name, model) in fixture_models() {
+        let (fault, top1, ratio) = against_reference(&model, name, Precision::Int8x2, "int8x2");
+        faults.extend(fault);
         if !meets_the_f32_bar(top1, ratio) {
             faults.push(format!(
                 "{name}: int8x2 top-1 vs f32 {:.2}% and perplexity ratio {ratio:.4}, expected >= 95% \
