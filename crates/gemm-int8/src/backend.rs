@@ -95,11 +95,16 @@ pub enum Isa {
     Avx2,
     /// AVX-512 VNNI `vpdpbusd` with A offset by +128 and a per-channel correction.
     Avx512Vnni,
+    /// AMX-INT8 `tdpbssd` tiles (i8 × i8) from [`AMX_MIN_T`] rows of A; AVX-512 VNNI below.
+    Amx,
 }
+
+/// Rows of A from which [`Isa::Amx`] multiplies in tiles (one A tile is 16 rows).
+pub const AMX_MIN_T: usize = 16;
 
 impl Isa {
     /// Every instruction set, slowest first.
-    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni, Isa::Amx];
 
     /// Whether this CPU runs it.
     pub fn is_supported(self) -> bool {
@@ -113,6 +118,8 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("avx512bw")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512Vnni.is_supported() && kernels::amx_available(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -132,6 +139,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 }
@@ -186,19 +194,27 @@ impl CpuBackend {
         if t == 0 || n == 0 {
             return;
         }
-        // The A operand in the form the kernel wants: +128 (as u8) for vpdpbusd, i8 otherwise.
-        // (Flipping the top bit inside the AVX-512 kernel instead costs up to 40% on Intel cores,
-        // where the extra vector op competes with vpdpbusd for its ports.)
-        let offset: Vec<u8>;
-        let a_bytes: &[u8] = match self.isa {
-            Isa::Avx512Vnni => {
-                offset = offset_rows(a.q(), t, k);
-                &offset
+        // The A operand in the form the kernel wants: +128 (as u8) for vpdpbusd, zero-padded tiles
+        // for AMX, i8 otherwise. (Flipping the top bit inside the AVX-512 kernel instead costs up to
+        // 40% on Intel cores, where the extra vector op competes with vpdpbusd for its ports.)
+        let tiles = self.isa == Isa::Amx && t >= AMX_MIN_T;
+        let owned: Vec<u8>;
+        let (a_bytes, stride, mr): (&[u8], usize, usize) = match self.isa {
+            Isa::Amx if tiles => {
+                let kp = b.kmain().div_ceil(64) * 64;
+                owned = padded_rows(a.q(), t, k, kp);
+                (&owned, kp, kernels::AMX_ROWS)
+            }
+            Isa::Avx512Vnni | Isa::Amx => {
+                owned = offset_rows(a.q(), t, k);
+                (&owned, k, kernels::MR)
             }
             Isa::Scalar | Isa::Avx2 => {
                 // SAFETY: i8 and u8 have the same size and alignment; the kernels that take this
                 // view reinterpret it back as i8.
-                unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) }
+                let q =
+                    unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) };
+                (q, k, kernels::MR)
             }
         };
         let out_ptr = SyncPtr(out.as_mut_ptr());
@@ -209,22 +225,35 @@ impl CpuBackend {
             // written only by the thread that got it, and `out` outlives the pool job.
             unsafe {
                 let out_rows = out.0.add(r0 * n);
-                kernels::gemm_panels(
-                    self.isa,
-                    &a_bytes[r0 * k..r1 * k],
-                    r1 - r0,
-                    k,
-                    b,
-                    p0,
-                    p1,
-                    out_rows,
-                    n,
-                );
+                if tiles {
+                    kernels::amx_panels(
+                        &a_bytes[r0 * stride..],
+                        stride,
+                        r1 - r0,
+                        b,
+                        p0,
+                        p1,
+                        out_rows,
+                        n,
+                    );
+                } else {
+                    kernels::gemm_panels(
+                        self.isa,
+                        &a_bytes[r0 * k..r1 * k],
+                        r1 - r0,
+                        k,
+                        b,
+                        p0,
+                        p1,
+                        out_rows,
+                        n,
+                    );
+                }
                 leftover(a, b, r0, r1, p0, p1, out.0);
             }
         };
         let panels = b.panels();
-        match Split::new(t, panels, k, pool::pool().threads()) {
+        match Split::new(t, panels, k, pool::pool().threads(), mr) {
             Split::Columns(split) => pool::for_each_chunk(split.units(), |u| {
                 let (p0, p1) = split.unit(u);
                 tile(0, t, p0, p1);
@@ -251,8 +280,8 @@ impl CpuBackend {
                             ((j0, j1), (o, o + 1))
                         };
                         tile(
-                            s0 * kernels::MR,
-                            (s1 * kernels::MR).min(t),
+                            s0 * mr,
+                            (s1 * mr).min(t),
                             b0 * kernels::NP,
                             (b1 * kernels::NP).min(panels),
                         );
@@ -292,6 +321,38 @@ fn offset_rows(q: &[i8], t: usize, k: usize) -> Vec<u8> {
     out
 }
 
+/// The rows of `q` (`t × k`) as AMX tiles want them: row stride `kp` (a multiple of 64, at least
+/// K − K mod 4), rows up to a multiple of 16, zero past each row's grouped part and past row `t`.
+/// Shared out over the pool like [`offset_rows`].
+fn padded_rows(q: &[i8], t: usize, k: usize, kp: usize) -> Vec<u8> {
+    let kmain = k - k % 4;
+    let rows = t.div_ceil(kernels::AMX_TILE) * kernels::AMX_TILE;
+    let per = pool::rows_per_chunk(t, k, crate::PARALLEL_MIN_ELEMENTS);
+    let mut out: Vec<u8> = pool::zeroed_rows(rows, kp, per);
+    if kp == 0 {
+        return out;
+    }
+    let copy = |(dst, src): (&mut [u8], &[i8])| {
+        for (d, s) in dst.chunks_exact_mut(kp).zip(src.chunks_exact(k)) {
+            for (x, &y) in d[..kmain].iter_mut().zip(&s[..kmain]) {
+                *x = y as u8;
+            }
+        }
+    };
+    if per >= t {
+        copy((&mut out[..t * kp], q));
+    } else {
+        pool::for_each_item(
+            out[..t * kp]
+                .chunks_mut(per * kp)
+                .zip(q.chunks(per * k))
+                .collect(),
+            copy,
+        );
+    }
+    out
+}
+
 /// How one GEMM is cut into work shared out over the pool's threads.
 enum Split {
     /// Memory-bound calls (decode, and few rows over many panels): runs of whole panel blocks, so
@@ -307,7 +368,8 @@ enum Split {
 const COMPUTE_MIN_T: usize = 32;
 
 impl Split {
-    fn new(t: usize, panels: usize, k: usize, threads: usize) -> Self {
+    /// `mr`: rows of A in the kernel's register tile (row strips are cut in multiples of it).
+    fn new(t: usize, panels: usize, k: usize, threads: usize, mr: usize) -> Self {
         let blocks = panels.div_ceil(kernels::NP);
         let small = if t <= kernels::STREAM_MAX_T {
             panels * PANEL * k < PARALLEL_MIN_BYTES
@@ -325,7 +387,7 @@ impl Split {
         let memory_bound = t < COMPUTE_MIN_T && blocks >= 2 * threads;
         if t > kernels::STREAM_MAX_T && !memory_bound {
             return Split::Tiles {
-                strips: t.div_ceil(kernels::MR),
+                strips: t.div_ceil(mr),
             };
         }
         // Runs of `per` blocks. With one block per unit and a count of blocks that the threads do

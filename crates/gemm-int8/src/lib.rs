@@ -14,7 +14,7 @@ mod pool;
 mod quant;
 mod verify;
 
-pub use backend::{Backend, CpuBackend, Isa, Rhs, check_shapes};
+pub use backend::{AMX_MIN_T, Backend, CpuBackend, Isa, Rhs, check_shapes};
 pub use packed::{PackedParts, PackedWeights, SharedBytes};
 pub use quant::{Quantized, quantize_residual, quantize_rows};
 pub use verify::{

@@ -1,10 +1,12 @@
-//! The integer kernels over the panel layout: a scalar loop (every target) and, on x86-64, AVX2 and
-//! AVX-512 VNNI, chosen at run time by [`crate::Isa`]. Each computes the grouped part of K (`K − K mod 4`)
+//! The integer kernels over the panel layout: a scalar loop (every target) and, on x86-64, AVX2,
+//! AVX-512 VNNI and AMX-INT8, chosen at run time by [`crate::Isa`]. Each computes the grouped part of K (`K − K mod 4`)
 //! for a range of panels; the leftover `K mod 4` is the shared scalar loop in `backend.rs`.
 
 use crate::Isa;
 use crate::packed::PackedWeights;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -37,8 +39,9 @@ pub(crate) unsafe fn gemm_panels(
             Isa::Scalar => scalar::gemm_panels(a, t, k, b, p0, p1, out, n),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => avx2::gemm_panels(a, t, k, b, p0, p1, out, n),
+            // Below `AMX_MIN_T` rows (the only calls that come here) AMX is AVX-512 VNNI.
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => avx512::gemm_panels(a, t, k, b, p0, p1, out, n),
+            Isa::Avx512Vnni | Isa::Amx => avx512::gemm_panels(a, t, k, b, p0, p1, out, n),
             #[cfg(not(target_arch = "x86_64"))]
             _ => scalar::gemm_panels(a, t, k, b, p0, p1, out, n),
         }
@@ -58,3 +61,50 @@ pub(crate) const NP: usize = 4;
 
 /// Rows of A up to which K is not blocked (decode streams B once, front to back).
 pub(crate) const STREAM_MAX_T: usize = 4;
+
+/// Rows of A in one AMX tile (and groups of 4 K values in one B tile).
+pub(crate) const AMX_TILE: usize = 16;
+
+/// Rows of A in the AMX kernel's register block; row strips are cut in multiples of it.
+pub(crate) const AMX_ROWS: usize = 2 * AMX_TILE;
+
+/// Whether AMX-INT8 runs here, with the OS's permission for its tile state.
+pub(crate) fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`gemm_panels`] in AMX tiles: `a` holds the rows as i8 bytes at row stride `kp` (a multiple of
+/// 64, at least `K − K mod 4`), zero past each row's grouped part, and rows up to a multiple of
+/// [`AMX_TILE`] past `t` (zero).
+///
+/// # Safety
+/// [`amx_available`] must be true; `a` as above; the rest as [`gemm_panels`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn amx_panels(
+    a: &[u8],
+    kp: usize,
+    t: usize,
+    b: &PackedWeights,
+    p0: usize,
+    p1: usize,
+    out: *mut i32,
+    n: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        amx::gemm_panels(a, kp, t, b, p0, p1, out, n)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (a, kp, t, b, p0, p1, out, n);
+        unreachable!("AMX is never available off x86-64")
+    }
+}
