@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use daisy_gemm_int8::Quantized;
 
 use crate::gemm::{ActRhs, Ctx, act_gemm_rhs, act_rhs, quantize_keys};
-use crate::ops::softmax;
+use crate::ops::softmax_visible_rows;
 use crate::{Error, Result};
 
 /// The keys and values one layer has seen, after RoPE, one buffer per kv head (`len × head_dim`),
@@ -62,6 +62,9 @@ impl LayerCache {
 
 /// Softmax rows below this many elements in one call stay on the calling thread.
 const PARALLEL_SOFTMAX: usize = 1 << 15;
+
+/// Score rows masked and softmaxed together (their sums advance together).
+const SOFTMAX_ROWS: usize = 8;
 
 /// The shape of one attention call.
 pub(crate) struct Heads {
@@ -175,26 +178,28 @@ pub(crate) fn attention(
             },
         };
         let mut scores = act_gemm_rhs(cx, &qg, rows, &keys, &what)?;
-        let mask_softmax = |(i, row): (usize, &mut [f32])| {
-            let qpos = pos0 + i % t;
-            for (kpos, s) in row.iter_mut().enumerate() {
-                let visible = kpos <= qpos && window.is_none_or(|w| kpos + w > qpos);
-                *s = if visible {
-                    *s * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
+        // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.
+        let mask_softmax = |(c, chunk): (usize, &mut [f32])| {
+            let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
+            let count = chunk.len() / nk;
+            for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
+                let qpos = pos0 + (c * SOFTMAX_ROWS + j) % t;
+                let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+                *run = lo..(qpos + 1).min(nk);
+                for s in row.get_mut(run.clone()).unwrap_or_default() {
+                    *s *= scale;
+                }
             }
-            softmax(row);
+            softmax_visible_rows(chunk, nk, &runs[..count]);
         };
         if rows * nk >= PARALLEL_SOFTMAX {
             scores
-                .par_chunks_exact_mut(nk)
+                .par_chunks_mut(SOFTMAX_ROWS * nk)
                 .enumerate()
                 .for_each(mask_softmax);
         } else {
             scores
-                .chunks_exact_mut(nk)
+                .chunks_mut(SOFTMAX_ROWS * nk)
                 .enumerate()
                 .for_each(mask_softmax);
         }

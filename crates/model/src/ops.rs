@@ -192,6 +192,7 @@ pub(crate) fn gelu_new(x: f32) -> f32 {
 /// `e_i = exp(x_i − max)` (f32 subtraction, then [`exp`]); the sum of the `e_i` is accumulated in
 /// f64, whose rounding errors are far below an f32 ulp, so its f32 reciprocal `inv = 1/Σ` does not
 /// depend on the summation order; `p_i = e_i · inv` in f32.
+#[cfg(test)]
 pub(crate) fn softmax(row: &mut [f32]) {
     let mut max = f32::NEG_INFINITY;
     for &v in row.iter() {
@@ -212,6 +213,105 @@ pub(crate) fn softmax(row: &mut [f32]) {
     let inv = (1.0 / sum) as f32;
     for v in row.iter_mut() {
         *v *= inv;
+    }
+}
+
+/// The largest value of `v` as the loop `if x > max { max = x }` from −∞ finds it (NaN never
+/// taken), in 16 lanes so that it vectorizes: the maximum of a set does not depend on the order it
+/// is visited in (a zero's sign may, which no later step sees: `x − (±0)` and `exp(±0)` agree).
+fn max_of(v: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(chunks.remainder()) {
+        if x > max {
+            max = x;
+        }
+    }
+    max
+}
+
+/// Rows whose sums [`softmax_visible_rows`] advances together.
+const SUM_ROWS: usize = 4;
+
+/// [`softmax`] of each row of `rows` (`n` columns) whose entries outside `visible[i]` are masked
+/// (as if −∞), with the same bits and the work done on the visible runs only. A masked entry's exp
+/// is exactly 0, and adding +0 to the f64 sum, in front of the visible entries or after them, or
+/// scaling it, changes nothing. Each row's f64 sum still adds its values left to right, but up to
+/// [`SUM_ROWS`] rows' sums advance together, so that their additions overlap instead of each
+/// waiting for the one before it.
+pub(crate) fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
+    debug_assert_eq!(rows.len(), n * visible.len());
+    if n == 0 {
+        return;
+    }
+    for (chunk, runs) in rows.chunks_mut(SUM_ROWS * n).zip(visible.chunks(SUM_ROWS)) {
+        let mut live: [&mut [f32]; SUM_ROWS] = Default::default();
+        let mut count = 0;
+        for (row, run) in chunk.chunks_exact_mut(n).zip(runs) {
+            let (lo, hi) = (run.start, run.end.min(n));
+            if lo >= hi {
+                row.fill(0.0);
+                continue;
+            }
+            row[..lo].fill(0.0);
+            row[hi..].fill(0.0);
+            let v = &mut row[lo..hi];
+            let max = max_of(v);
+            if max == f32::NEG_INFINITY {
+                v.fill(0.0);
+                continue;
+            }
+            for x in v.iter_mut() {
+                *x -= max;
+            }
+            exp_slice(v);
+            live[count] = v;
+            count += 1;
+        }
+        let live = &mut live[..count];
+        let mut sums = [0f64; SUM_ROWS];
+        let common = live.iter().map(|v| v.len()).min().unwrap_or(0);
+        if let [a, b, c, d] = live {
+            // Four sums in registers (an array indexed in the loop would round-trip memory).
+            let (mut sa, mut sb, mut sc, mut sd) = (0f64, 0f64, 0f64, 0f64);
+            for (((&x, &y), &z), &w) in a[..common]
+                .iter()
+                .zip(&b[..common])
+                .zip(&c[..common])
+                .zip(&d[..common])
+            {
+                sa += f64::from(x);
+                sb += f64::from(y);
+                sc += f64::from(z);
+                sd += f64::from(w);
+            }
+            sums = [sa, sb, sc, sd];
+        } else {
+            for j in 0..common {
+                for (s, v) in sums.iter_mut().zip(live.iter()) {
+                    *s += f64::from(v[j]);
+                }
+            }
+        }
+        for (s, v) in sums.iter_mut().zip(live.iter()) {
+            for &x in &v[common..] {
+                *s += f64::from(x);
+            }
+        }
+        for (s, v) in sums.iter().zip(live.iter_mut()) {
+            let inv = (1.0 / s) as f32;
+            for x in v.iter_mut() {
+                *x *= inv;
+            }
+        }
     }
 }
 
@@ -251,6 +351,52 @@ mod tests {
                 assert_eq!(
                     c[r * n + j].to_bits(),
                     dot(&a[r * k..][..k], &b[j * k..][..k]).to_bits()
+                );
+            }
+        }
+    }
+
+    /// A visible run gives the bits of the whole row with −∞ outside it, wherever the run lies.
+    #[test]
+    fn softmax_of_a_visible_run_equals_the_masked_row() {
+        let base: Vec<f32> = (0..67)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.731)
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut masks = Vec::new();
+        for (lo, hi) in [
+            (0, 67),
+            (0, 1),
+            (0, 40),
+            (13, 40),
+            (66, 67),
+            (5, 5),
+            (30, 90),
+        ] {
+            let mut masked = base.clone();
+            for (j, v) in masked.iter_mut().enumerate() {
+                if j < lo || j >= hi {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            softmax(&mut masked);
+            let mut run = base.clone();
+            softmax_visible_rows(&mut run, base.len(), std::slice::from_ref(&(lo..hi)));
+            assert_eq!(bits(&run), bits(&masked), "visible {lo}..{hi}");
+            masks.push((lo, hi, masked));
+        }
+        // Every count of rows, runs of unequal lengths together, through the multi-row path.
+        for count in 1..=masks.len() {
+            let mut rows: Vec<f32> = (0..count).flat_map(|_| base.iter().copied()).collect();
+            let runs: Vec<_> = masks[..count].iter().map(|m| m.0..m.1).collect();
+            softmax_visible_rows(&mut rows, base.len(), &runs);
+            for (row, m) in rows.chunks_exact(base.len()).zip(&masks) {
+                assert_eq!(
+                    bits(row),
+                    bits(&m.2),
+                    "rows of {count}, run {}..{}",
+                    m.0,
+                    m.1
                 );
             }
         }
