@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 mod control;
+mod memory;
 mod net;
 mod rtc;
 #[cfg(feature = "test-hooks")]
@@ -50,7 +51,7 @@ enum Command {
 
 fn main() -> ExitCode {
     quiet_mesa();
-    return_large_buffers();
+    memory::init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // `--help` and `--version` print as clap lays them out and succeed.
@@ -84,19 +85,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => cmd::run::run(args),
         Command::Score(args) => cmd::score::run(args),
         Command::Tokenize(args) => cmd::tokenize::run(args),
-    }
-}
-
-/// glibc raises its mmap threshold each time a mapped block is freed, up to 32 MiB: after the first
-/// freed download block (8 MiB) every later one comes from a heap arena instead, and arenas that
-/// several threads fill and free in turn are seldom returned to the system. A member streaming its
-/// layers then peaked anywhere from 50 to 120 MB for the same work. A fixed threshold keeps each
-/// buffer of 1 MiB or more its own mapping, given back when it is dropped.
-fn return_large_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets an allocator parameter; it is called before any thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
 

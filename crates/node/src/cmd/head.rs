@@ -1065,8 +1065,10 @@ impl Ring<'_> {
                 self.settings.args.keep.on(),
             );
             let stage = tokio::task::block_in_place(|| {
-                load_stage(opened, plan, 0, precision, backend, max, keep)
-                    .map_err(anyhow::Error::from)
+                crate::memory::loading(|| {
+                    load_stage(opened, plan, 0, precision, backend, max, keep)
+                })
+                .map_err(anyhow::Error::from)
             })?;
             eprintln!(
                 "head: loaded its layers {want:?} in {:.2}s",

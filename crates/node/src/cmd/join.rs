@@ -796,9 +796,10 @@ fn load(
     let built = crate::test_hooks::drop_a_layer(layers.clone());
     #[cfg(not(feature = "test-hooks"))]
     let built = layers.clone();
-    let mut stage =
+    let mut stage = crate::memory::loading(|| {
         daisy_engine::load_layers(&checkpoint, &config, built, false, precision, max, keep)
-            .with_context(|| format!("loading layers {layers:?}"))?;
+    })
+    .with_context(|| format!("loading layers {layers:?}"))?;
     bar.finish_and_clear();
     stage.set_backend(backend.clone());
     eprintln!(

@@ -72,7 +72,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let chosen = super::backend(args.compute.backend)?;
     let precision = args.compute.precision;
     let max = args.residency.max_resident_layers;
-    let stages = load_stages(&opened, &plan, precision, &chosen.backend, max)?;
+    let stages =
+        crate::memory::loading(|| load_stages(&opened, &plan, precision, &chosen.backend, max))?;
     check_stages(&plan, &stages)?;
     let load_s = t0.elapsed().as_secs_f64();
     eprintln!(

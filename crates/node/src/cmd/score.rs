@@ -72,7 +72,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         .transpose()?;
     let plan = Plan::single(opened.config().num_layers)?;
     let chosen = super::backend(args.compute.backend)?;
-    let stages = load_stages(&opened, &plan, precision, &chosen.backend, None)?;
+    let stages =
+        crate::memory::loading(|| load_stages(&opened, &plan, precision, &chosen.backend, None))?;
     let mut ring = LocalRing::new(&plan, &stages, 1);
     let scored = score(&stages[0], &ids, &mut |p| ring.lap(p))?;
     let compared = against

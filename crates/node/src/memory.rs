@@ -1,0 +1,69 @@
+//! The allocator's policy, one for loading and one for computing (glibc; elsewhere the allocator's
+//! own).
+//!
+//! Loading streams weights through buffers of several MiB that threads fill and free in turn: each
+//! buffer of 1 MiB or more gets its own mapping, given back when it is dropped, so the peak is what
+//! is live (glibc would otherwise raise its threshold after the first freed block, and arenas that
+//! several threads filled are seldom returned: a member's peak varied from 50 to 120 MB for the
+//! same work). Computing is the opposite: a prefill allocates and frees the same few MiB-sized
+//! activations, scores and accumulators in every layer, and a fresh mapping each time costs a page
+//! fault per 4 KiB — a third of a prefill's time on SmolLM2. So while no load runs, freed blocks
+//! stay in the heap for the next layer (up to [`KEPT_FREE`] at its top), and when a load ends
+//! what it freed is handed back first.
+
+use std::sync::Mutex;
+
+/// Loads in progress (a head may load a new plan's stage while a turn computes elsewhere).
+static LOADS: Mutex<usize> = Mutex::new(0);
+
+/// Blocks from this size get their own mapping while loading.
+const LOADING_MMAP_THRESHOLD: i32 = 1 << 20;
+
+/// Blocks up to this size come from the heap while computing (larger ones are mapped).
+const COMPUTING_MMAP_THRESHOLD: i32 = 256 << 20;
+
+/// Free bytes at the top of a heap kept while computing rather than returned.
+const KEPT_FREE: i32 = 64 << 20;
+
+/// The policy from the start: loading's, for opening and checking a model comes first;
+/// [`loading`] switches to computing when its load ends.
+pub(crate) fn init() {
+    set_loading();
+}
+
+/// Run `load` under the loading policy, then hand back what it freed and compute.
+pub(crate) fn loading<T>(load: impl FnOnce() -> T) -> T {
+    {
+        let mut loads = LOADS.lock().unwrap_or_else(|e| e.into_inner());
+        if *loads == 0 {
+            set_loading();
+        }
+        *loads += 1;
+    }
+    let out = load();
+    let mut loads = LOADS.lock().unwrap_or_else(|e| e.into_inner());
+    *loads -= 1;
+    if *loads == 0 {
+        set_computing();
+    }
+    out
+}
+
+fn set_loading() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` sets allocator parameters under the main arena's lock; other threads read
+    // the threshold as one aligned word, the old value or the new.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LOADING_MMAP_THRESHOLD);
+    }
+}
+
+fn set_computing() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: as in `set_loading`; `malloc_trim` locks each arena it trims.
+    unsafe {
+        libc::malloc_trim(0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, KEPT_FREE);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, COMPUTING_MMAP_THRESHOLD);
+    }
+}
