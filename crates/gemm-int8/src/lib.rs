@@ -22,6 +22,14 @@ pub use verify::{
     reference_i32, seeded_matrix,
 };
 
+/// Let the GEMM's idle worker threads park now rather than spin for the next call (they spin a
+/// few hundred microseconds by default, so that back-to-back GEMMs pay no wake-up). For a caller
+/// whose next GEMM is far off — a ring member whose lap has moved on to the next device — so that
+/// several members on one machine do not take each other's cores. The next GEMM wakes them.
+pub fn rest() {
+    pool::rest();
+}
+
 /// The largest K for which `127² · K < 2³¹`, so the i32 accumulator is exact.
 pub const MAX_K: usize = 131_071;
 

@@ -33,6 +33,8 @@ pub(crate) struct Pool {
     /// A worker's job panicked (re-raised on the caller).
     panicked: AtomicBool,
     sleepers: AtomicUsize,
+    /// Set by [`rest`]: idle workers park now instead of spinning; cleared by the next job.
+    resting: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
 }
@@ -51,6 +53,7 @@ pub(crate) fn pool() -> &'static Pool {
             job: AtomicPtr::new(std::ptr::null_mut()),
             panicked: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
+            resting: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
         }));
@@ -85,6 +88,7 @@ impl Pool {
             f(Side::Front);
             return;
         }
+        self.resting.store(false, Ordering::Relaxed);
         let job: JobRef<'_> = f;
         self.job
             .store((&raw const job).cast_mut().cast(), Ordering::Relaxed);
@@ -172,7 +176,7 @@ impl Pool {
             if !spins.is_multiple_of(256) {
                 continue;
             }
-            if start.elapsed() < SPIN {
+            if start.elapsed() < SPIN && !self.resting.load(Ordering::Relaxed) {
                 std::thread::yield_now();
                 continue;
             }
@@ -185,6 +189,14 @@ impl Pool {
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
             start = Instant::now();
         }
+    }
+}
+
+/// Let the pool's idle workers park at once instead of spinning for the next job (which wakes them):
+/// for a caller that knows its next GEMM is far off. Does not start the pool.
+pub(crate) fn rest() {
+    if let Some(pool) = POOL.get() {
+        pool.resting.store(true, Ordering::Relaxed);
     }
 }
 

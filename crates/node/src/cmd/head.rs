@@ -1513,6 +1513,8 @@ impl Ring<'_> {
                     wait_back(h, t, ms)?;
                     outstanding.pop_front();
                 }
+                // The lap is the ring's until it comes back: no GEMM here meanwhile.
+                daisy_gemm_int8::rest();
                 if to_ring.blocking_send(sent.bytes).is_err() {
                     let device = first.clone().unwrap_or_default();
                     *culprit.borrow_mut() = Some((device, "the link to it closed".into()));

@@ -871,6 +871,8 @@ fn compute(
         let t0 = std::time::Instant::now();
         let sent = member.borrow_mut().step(bytes, cached)?;
         times.record(turn, index, t0.elapsed());
+        // The lap moves on to the next device: no GEMM here until it comes round again.
+        daisy_gemm_int8::rest();
         if let Some(hop) = &sent.hop {
             let _ = hops.blocking_send(HopRecord {
                 turn,
