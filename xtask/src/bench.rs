@@ -1,6 +1,9 @@
-//! `cargo xtask bench [--format text|json] [FILTER]`: run every bench source (criterion benches of a
-//! package) and print its figures, one `{"name","value","unit"}` JSON object per line with
-//! `--format json`, an aligned table otherwise. Cargo's and criterion's own output goes to stderr.
+//! `cargo xtask bench [--format text|json] [--compare-llama-cpp DIR [--llama-gguf FILE]] [FILTER]`:
+//! run every bench source (criterion benches of a package) and print its figures, one
+//! `{"name","value","unit"}` JSON object per line with `--format json`, an aligned table otherwise.
+//! Cargo's and criterion's own output goes to stderr. With `--compare-llama-cpp`, a llama.cpp that
+//! the user built runs on the same weights in the same run, and ours over theirs is printed
+//! (`bench_llama`).
 //!
 //! A source is a criterion bench target plus the figures derived from what it measured (fractions of
 //! a peak, of a bandwidth). Add a source to [`SOURCES`] to add figures; FILTER is passed to criterion
@@ -52,6 +55,8 @@ const SOURCES: &[Source] = &[
 pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let mut json = false;
     let mut filter = None;
+    let mut llama: Option<super::bench_llama::Llama> = None;
+    let mut gguf = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -60,12 +65,31 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
                 Some("text") => json = false,
                 other => bail!("--format takes text or json, got {other:?}"),
             },
+            "--compare-llama-cpp" => match it.next() {
+                Some(dir) => {
+                    llama = Some(super::bench_llama::Llama {
+                        dir: dir.into(),
+                        gguf: None,
+                    })
+                }
+                None => bail!("--compare-llama-cpp takes the folder of a llama.cpp build"),
+            },
+            "--llama-gguf" => match it.next() {
+                Some(file) => gguf = Some(PathBuf::from(file)),
+                None => bail!("--llama-gguf takes a Q8_0 GGUF file of the SmolLM2 fixture"),
+            },
             flag if flag.starts_with('-') => bail!(
-                "unknown flag `{flag}`; usage: cargo xtask bench [--format text|json] [FILTER]"
+                "unknown flag `{flag}`; usage: cargo xtask bench [--format text|json] \
+                 [--compare-llama-cpp DIR [--llama-gguf FILE]] [FILTER]"
             ),
             pattern if filter.is_none() => filter = Some(pattern.to_string()),
             extra => bail!("unexpected argument `{extra}`; only one FILTER is taken"),
         }
+    }
+    if let Some(l) = &mut llama {
+        l.gguf = gguf;
+    } else if gguf.is_some() {
+        bail!("--llama-gguf goes with --compare-llama-cpp");
     }
     let mut figures = Vec::new();
     for source in SOURCES {
@@ -90,6 +114,11 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         // The ring's figures need the release node (a no-op when the model figures built it).
         super::bench_model::build_release()?;
         figures.extend(super::bench_ring::figures()?);
+    }
+    if let Some(l) = &llama {
+        figures.extend(super::bench_llama::figures(&super::root(), l)?);
+        let ratios = super::bench_llama::ratios(&figures);
+        figures.extend(ratios);
     }
     if json {
         for f in &figures {

@@ -61,6 +61,11 @@ fn run_at(
 }
 
 pub(crate) fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
+    Ok(node_and_stderr(root, args)?.0)
+}
+
+/// [`node`], and what it printed on stderr.
+pub(crate) fn node_and_stderr(root: &Path, args: &[&str]) -> anyhow::Result<(Value, String)> {
     let node = crate::target_dir()?.join("release/node");
     let out = Command::new(&node)
         .args(args)
@@ -76,7 +81,8 @@ pub(crate) fn node(root: &Path, args: &[&str]) -> anyhow::Result<Value> {
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().context("node printed nothing")?;
-    serde_json::from_str(line).context("node's last line is not JSON")
+    let json = serde_json::from_str(line).context("node's last line is not JSON")?;
+    Ok((json, String::from_utf8_lossy(&out.stderr).into_owned()))
 }
 
 /// The longest prefix of the essay (cut at a char boundary) that encodes to at most `n` tokens.

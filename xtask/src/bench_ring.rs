@@ -10,12 +10,25 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::bench::Figure;
-use crate::bench_model::{MODEL, TEXT, node, prompt_of, run_int8, timing};
+use crate::bench_model::{MODEL, TEXT, node, node_and_stderr, prompt_of, run_int8, timing};
 
 /// `node demo` on three processes with `new_tokens` generated, end-of-sequence ignored.
 fn ring(root: &Path, prompt: &str, new_tokens: usize, in_flight: usize) -> anyhow::Result<Value> {
+    Ok(ring_and_peaks(root, prompt, new_tokens, in_flight)?.0)
+}
+
+/// Each process's peak RSS in bytes as `node demo` reported it: head, stage-1, stage-2.
+type Peaks = Vec<(String, f64)>;
+
+/// [`ring`], and the peak RSS of each of its processes.
+fn ring_and_peaks(
+    root: &Path,
+    prompt: &str,
+    new_tokens: usize,
+    in_flight: usize,
+) -> anyhow::Result<(Value, Peaks)> {
     let (n, k) = (new_tokens.to_string(), in_flight.to_string());
-    node(
+    let (json, stderr) = node_and_stderr(
         root,
         &[
             "demo",
@@ -40,7 +53,26 @@ fn ring(root: &Path, prompt: &str, new_tokens: usize, in_flight: usize) -> anyho
             "--format",
             "json",
         ],
-    )
+    )?;
+    // "demo: peak RSS head 81.2 MB, stage-1 …, stage-2 …; the ring … MB (N bytes)"
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("demo: peak RSS "))
+        .context("node demo reported no peak RSS")?;
+    let each = line.split(';').next().unwrap_or_default();
+    let peaks = each
+        .split(", ")
+        .map(|p| {
+            let mut w = p.split_whitespace();
+            let name = w.next().unwrap_or_default().to_string();
+            let mb: f64 = w
+                .next()
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("peak RSS `{p}`"))?;
+            Ok((name, mb * 1e6))
+        })
+        .collect::<anyhow::Result<Peaks>>()?;
+    Ok((json, peaks))
 }
 
 fn stat(j: &Value, key: &str, q: &str) -> anyhow::Result<f64> {
@@ -64,19 +96,58 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     // Decode: the same prompt and length in one process and around the ring, best of 2 each.
     let prompt = prompt_of(&root, &text, 16)?;
     let mut single = 0f64;
+    let mut single_rss = f64::INFINITY;
     let mut ringed = 0f64;
     let mut best: Option<Value> = None;
+    let mut peaks: Peaks = Vec::new();
     for _ in 0..2 {
         let j = run_int8(&root, &prompt, 129, "cached")?;
         single = single.max(timing(&j, "decode_tokens_per_s")?);
-        let r = ring(&root, &prompt, 129, 2)?;
+        let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
+        single_rss = single_rss.min(rss);
+        let (r, p) = ring_and_peaks(&root, &prompt, 129, 2)?;
         let tps = timing(&r, "decode_tokens_per_s")?;
         if tps > ringed {
             ringed = tps;
             best = Some(r);
         }
+        // The smaller of the two runs, per process (as for the single process).
+        if peaks.is_empty() {
+            peaks = p;
+        } else {
+            for ((_, a), (_, b)) in peaks.iter_mut().zip(p) {
+                *a = a.min(b);
+            }
+        }
     }
     let best = best.context("no ring run")?;
+    let sum: f64 = peaks.iter().map(|p| p.1).sum();
+    for (name, bytes) in &peaks {
+        figures.push(fig(&format!("peak_rss_{name}"), bytes / 1e6, "MB"));
+    }
+    figures.push(fig("peak_rss_sum_3_processes", sum / 1e6, "MB"));
+    figures.push(fig("peak_rss_1_process", single_rss / 1e6, "MB"));
+    figures.push(fig(
+        "peak_rss_sum_above_1_process",
+        (sum - single_rss) / 1e6,
+        "MB",
+    ));
+    // The middle stage (layers 10..20) against its weights: one int8 byte per parameter.
+    let inspect = node(&root, &["inspect", "--model", MODEL, "--format", "json"])?;
+    let middle: f64 = inspect["layers"]
+        .as_array()
+        .context("inspect's layers")?
+        .iter()
+        .filter(|l| l["layer"].as_u64().is_some_and(|i| (10..20).contains(&i)))
+        .filter_map(|l| l["parameters"].as_f64())
+        .sum();
+    if let Some((_, stage1)) = peaks.iter().find(|p| p.0 == "stage-1") {
+        figures.push(fig(
+            "peak_rss_stage-1_above_its_int8_weights",
+            (stage1 - middle) / 1e6,
+            "MB",
+        ));
+    }
     figures.push(fig("decode_cached_1_process", single, "tok/s"));
     figures.push(fig("decode_cached_3_processes", ringed, "tok/s"));
     figures.push(fig("decode_ratio_3_processes_to_1", ringed / single, "x"));

@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 
 mod bench;
 mod bench_hub;
+mod bench_llama;
 mod bench_model;
 mod bench_ring;
 mod ci;

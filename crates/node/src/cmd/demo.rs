@@ -37,36 +37,91 @@ pub(crate) struct Args {
 }
 
 /// Children killed when dropped, so none outlives the demo.
-struct Children(Vec<(String, Child)>);
+/// The ring's processes, each until it has been reaped.
+struct Children(Vec<(String, Option<Child>)>);
 
 impl Drop for Children {
     fn drop(&mut self) {
-        for (_, child) in &mut self.0 {
+        for child in self.0.iter_mut().filter_map(|(_, c)| c.as_mut()) {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 }
 
+/// How one process of the ring ended: its exit status (none if it had to be killed) and its peak
+/// resident memory, where the system reports it.
+struct Ended {
+    name: String,
+    status: Option<std::process::ExitStatus>,
+    peak_rss: Option<u64>,
+}
+
 impl Children {
     /// Wait up to `within` for every child to exit by itself; the rest are killed on drop.
-    fn wait_all(&mut self, within: Duration) -> Vec<(String, Option<std::process::ExitStatus>)> {
+    fn wait_all(&mut self, within: Duration) -> Vec<Ended> {
         let deadline = Instant::now() + within;
         let mut out = Vec::new();
-        for (name, child) in &mut self.0 {
-            let status = loop {
-                match child.try_wait() {
-                    Ok(Some(s)) => break Some(s),
+        for (name, slot) in &mut self.0 {
+            let Some(child) = slot.as_mut() else {
+                continue;
+            };
+            let (status, peak_rss) = loop {
+                match reap(child) {
+                    Ok(Some(ended)) => {
+                        // Reaped: nothing may signal or wait for its pid any more.
+                        *slot = None;
+                        break ended;
+                    }
                     Ok(None) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(50))
                     }
-                    _ => break None,
+                    _ => break (None, None),
                 }
             };
-            out.push((name.clone(), status));
+            out.push(Ended {
+                name: name.clone(),
+                status,
+                peak_rss,
+            });
         }
         out
     }
+}
+
+/// The child's exit status and peak RSS once it has exited (`wait4`, which reports its resource
+/// use); `None` while it runs.
+#[cfg(target_os = "linux")]
+#[allow(clippy::type_complexity)]
+fn reap(
+    child: &mut Child,
+) -> std::io::Result<Option<(Option<std::process::ExitStatus>, Option<u64>)>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, not yet reaped (std reaps only in `wait`/`try_wait`, never called
+    // on it; once this reaps it, the caller drops the handle); the pointers are to live locals.
+    let got = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+    match got {
+        0 => Ok(None),
+        p if p == pid => {
+            let exit = std::process::ExitStatus::from_raw(status);
+            // Linux reports ru_maxrss in KiB.
+            let peak = u64::try_from(usage.ru_maxrss).ok().map(|kb| kb * 1024);
+            Ok(Some((Some(exit), peak)))
+        }
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+#[allow(clippy::type_complexity)]
+fn reap(
+    child: &mut Child,
+) -> std::io::Result<Option<(Option<std::process::ExitStatus>, Option<u64>)>> {
+    Ok(child.try_wait()?.map(|s| (Some(s), None)))
 }
 
 /// Even split of `n` layers over `k` stages, the remainder to the last ones.
@@ -123,8 +178,12 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .stderr(Stdio::inherit())
         .spawn()
         .context("starting the head")?;
-    children.0.push(("head".into(), head));
-    let stdout: ChildStdout = children.0[0].1.stdout.take().expect("piped");
+    children.0.push(("head".into(), Some(head)));
+    let stdout: ChildStdout = children.0[0]
+        .1
+        .as_mut()
+        .and_then(|c| c.stdout.take())
+        .expect("piped");
     let mut head_out = BufReader::new(stdout);
     let mut first = String::new();
     head_out
@@ -136,7 +195,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
             "the head stopped before printing its join URL ({})",
             status
                 .first()
-                .and_then(|(_, s)| *s)
+                .and_then(|e| e.status)
                 .map_or("still running".to_string(), |s| s.to_string())
         );
     };
@@ -162,7 +221,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 eprintln!("[{prefix}] {line}");
             }
         });
-        children.0.push((name, member));
+        children.0.push((name, Some(member)));
     }
     // The answer streams token by token: pass on whatever the head wrote, as it comes.
     let mut out = std::io::stdout().lock();
@@ -176,17 +235,34 @@ pub(crate) fn run(args: Args) -> Result<()> {
         out.flush()?;
     }
     drop(out);
-    let statuses = children.wait_all(Duration::from_secs(10));
+    let ended = children.wait_all(Duration::from_secs(10));
     let mut failed = Vec::new();
-    for (name, status) in statuses {
-        match status {
+    for e in &ended {
+        match e.status {
             Some(s) if s.success() => {}
-            Some(s) => failed.push(format!("{name} exited with {s}")),
-            None => failed.push(format!("{name} did not stop within 10 s and was killed")),
+            Some(s) => failed.push(format!("{} exited with {s}", e.name)),
+            None => failed.push(format!(
+                "{} did not stop within 10 s and was killed",
+                e.name
+            )),
         }
     }
     if !failed.is_empty() {
         bail!("the demo's ring failed: {}", failed.join("; "));
+    }
+    let peaks: Option<Vec<u64>> = ended.iter().map(|e| e.peak_rss).collect();
+    if let Some(peaks) = peaks {
+        let each: Vec<String> = ended
+            .iter()
+            .zip(&peaks)
+            .map(|(e, p)| format!("{} {:.1} MB", e.name, *p as f64 / 1e6))
+            .collect();
+        eprintln!(
+            "demo: peak RSS {}; the ring {:.1} MB ({} bytes)",
+            each.join(", "),
+            peaks.iter().sum::<u64>() as f64 / 1e6,
+            peaks.iter().sum::<u64>()
+        );
     }
     eprintln!("demo: every process of the ring has stopped");
     Ok(())

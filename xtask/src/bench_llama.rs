@@ -1,0 +1,335 @@
+//! `cargo xtask bench --compare-llama-cpp DIR`: llama.cpp beside ours in the same run, on the same
+//! weights. DIR is a llama.cpp that the user built (never shipped, never committed): its
+//! `llama-bench` (and `llama-quantize`, `convert_hf_to_gguf.py`, and for the split an RPC server)
+//! are looked for in DIR, DIR/bin and DIR/build/bin, the script in DIR or above its binaries.
+//!
+//! The Q8_0 GGUF is made by llama.cpp's own converter (to f32) and quantizer from the SmolLM2
+//! fixture's safetensors, once, under `target/bench-llama/` (`--llama-gguf FILE` takes one made
+//! elsewhere; the converter runs with `$PYTHON`, default `python3`, which needs its
+//! requirements). Figures: `pp512` and `tg128` (`llama-bench -t` = this machine's threads, as
+//! ours), the peak RSS of a `tg128` run, and the same model split over two RPC servers on loopback
+//! (`-ngl 99 --rpc`, the two-machine split llama.cpp offers) — then ours over theirs.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::bench::Figure;
+use crate::bench_model::MODEL;
+
+/// What `--compare-llama-cpp` was given.
+pub(crate) struct Llama {
+    pub(crate) dir: PathBuf,
+    pub(crate) gguf: Option<PathBuf>,
+}
+
+/// The tools found under DIR.
+struct Tools {
+    bench: PathBuf,
+    quantize: Option<PathBuf>,
+    rpc_server: Option<PathBuf>,
+    convert: Option<PathBuf>,
+}
+
+fn find_tools(dir: &Path) -> anyhow::Result<Tools> {
+    let bins = [dir.to_path_buf(), dir.join("bin"), dir.join("build/bin")];
+    let find = |names: &[&str]| {
+        bins.iter()
+            .flat_map(|b| names.iter().map(move |n| b.join(n)))
+            .find(|p| p.is_file())
+    };
+    let bench = find(&["llama-bench"]).with_context(|| {
+        format!(
+            "no llama-bench in {} (nor in its bin/ or build/bin/): build llama.cpp there first",
+            dir.display()
+        )
+    })?;
+    let convert = bench
+        .ancestors()
+        .skip(1)
+        .map(|d| d.join("convert_hf_to_gguf.py"))
+        .find(|p| p.is_file());
+    Ok(Tools {
+        quantize: find(&["llama-quantize"]),
+        rpc_server: find(&["ggml-rpc-server", "rpc-server"]),
+        convert,
+        bench,
+    })
+}
+
+/// The Q8_0 GGUF of the fixture: given, or made (once) by llama.cpp's converter and quantizer.
+fn q8_gguf(root: &Path, tools: &Tools, given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(g) = given {
+        if !g.is_file() {
+            bail!("--llama-gguf {}: no such file", g.display());
+        }
+        return Ok(g.to_path_buf());
+    }
+    let dir = crate::target_dir()?.join("bench-llama");
+    let q8 = dir.join("SmolLM2-135M-Instruct-Q8_0.gguf");
+    if q8.is_file() {
+        return Ok(q8);
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let convert = tools.convert.as_ref().context(
+        "no convert_hf_to_gguf.py above llama-bench: pass --llama-gguf with a Q8_0 GGUF of the fixture",
+    )?;
+    let quantize = tools
+        .quantize
+        .as_ref()
+        .context("no llama-quantize beside llama-bench: build it, or pass --llama-gguf")?;
+    let f32 = dir.join("SmolLM2-135M-Instruct-f32.gguf");
+    let python = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
+    run_quiet(
+        Command::new(&python)
+            .arg(convert)
+            .arg(root.join(MODEL))
+            .args(["--outtype", "f32", "--outfile"])
+            .arg(&f32),
+        "llama.cpp's convert_hf_to_gguf.py (it needs its Python requirements: torch, numpy, …)",
+    )?;
+    let partial = dir.join("SmolLM2-135M-Instruct-Q8_0.gguf.partial");
+    run_quiet(
+        Command::new(quantize).arg(&f32).arg(&partial).arg("Q8_0"),
+        "llama-quantize",
+    )?;
+    std::fs::rename(&partial, &q8)?;
+    let _ = std::fs::remove_file(&f32);
+    Ok(q8)
+}
+
+fn run_quiet(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    eprintln!("$ {cmd:?}");
+    let out = cmd
+        .output()
+        .with_context(|| format!("could not start {what}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        bail!(
+            "{what} failed with {}: {}",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        );
+    }
+    Ok(())
+}
+
+/// Run llama-bench to its end; its stdout.
+fn run_bench(cmd: &mut Command) -> anyhow::Result<String> {
+    eprintln!("$ {cmd:?}");
+    let out = cmd.output().context("could not start llama-bench")?;
+    if !out.status.success() {
+        bail!(
+            "llama-bench failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `llama-bench -o json`'s throughput (tokens/s) of its test with these prompt and generated counts.
+fn rate(json: &str, n_prompt: u64, n_gen: u64) -> anyhow::Result<f64> {
+    let tests: Value = serde_json::from_str(json).context("llama-bench's JSON")?;
+    tests
+        .as_array()
+        .context("llama-bench's JSON is not a list")?
+        .iter()
+        .find(|t| t["n_prompt"].as_u64() == Some(n_prompt) && t["n_gen"].as_u64() == Some(n_gen))
+        .and_then(|t| t["avg_ts"].as_f64())
+        .with_context(|| format!("llama-bench reported no test of {n_prompt}+{n_gen} tokens"))
+}
+
+/// A port free on loopback now.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// RPC servers that are killed when this is dropped.
+struct Servers(Vec<Child>);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>> {
+    let tools = find_tools(&llama.dir)?;
+    let gguf = q8_gguf(root, &tools, llama.gguf.as_deref())?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let fig = |name: &str, value: f64, unit: &str| Figure {
+        name: format!("llama.cpp/smollm2-135m/q8_0/{name}"),
+        value,
+        unit: unit.to_string(),
+    };
+    let t = threads.to_string();
+    let bench = |extra: &[&str]| {
+        let mut cmd = Command::new(&tools.bench);
+        cmd.arg("-m")
+            .arg(&gguf)
+            .args(["-t", &t, "-r", "3", "-o", "json"]);
+        cmd.args(extra);
+        cmd
+    };
+    let mut figures = Vec::new();
+    let pp = run_bench(&mut bench(&["-p", "512", "-n", "0"]))?;
+    figures.push(fig("pp512", rate(&pp, 512, 0)?, "tok/s"));
+    let (tg, peak) = peak_of(&mut bench(&["-p", "0", "-n", "128"]))?;
+    figures.push(fig("tg128", rate(&tg, 0, 128)?, "tok/s"));
+    if let Some(peak) = peak {
+        figures.push(fig("peak_rss_tg128", peak as f64 / 1e6, "MB"));
+    }
+    match &tools.rpc_server {
+        None => eprintln!("llama.cpp: no RPC server beside llama-bench; the split is not measured"),
+        Some(server) => {
+            let mut servers = Servers(Vec::new());
+            let mut endpoints = Vec::new();
+            for _ in 0..2 {
+                let port = free_port()?.to_string();
+                let child = Command::new(server)
+                    .args(["-H", "127.0.0.1", "-p", &port, "-t", "1"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .with_context(|| format!("could not start {}", server.display()))?;
+                servers.0.push(child);
+                endpoints.push(format!("127.0.0.1:{port}"));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let rpc = endpoints.join(",");
+            let out = run_bench(&mut bench(&[
+                "-p", "512", "-n", "128", "-ngl", "99", "--rpc", &rpc,
+            ]))?;
+            figures.push(fig("rpc_2_servers/pp512", rate(&out, 512, 0)?, "tok/s"));
+            figures.push(fig("rpc_2_servers/tg128", rate(&out, 0, 128)?, "tok/s"));
+        }
+    }
+    Ok(figures)
+}
+
+/// [`run_bench`], and the peak RSS of the process (read by `wait4`; none off Linux).
+fn peak_of(cmd: &mut Command) -> anyhow::Result<(String, Option<u64>)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::io::Read;
+        eprintln!("$ {cmd:?}");
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("could not start llama-bench")?;
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .context("piped")?
+            .read_to_string(&mut stdout)?;
+        let pid = child.id() as libc::pid_t;
+        let mut status = 0;
+        // SAFETY: a zeroed rusage is a valid value for wait4 to overwrite.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `pid` is our child, which std has not reaped (no wait on it); the handle is
+        // dropped right after without waiting, so nothing uses the pid again.
+        let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        drop(child);
+        if got != pid {
+            bail!(
+                "waiting for llama-bench: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            bail!("llama-bench failed (wait status {status})");
+        }
+        let peak = u64::try_from(usage.ru_maxrss).ok().map(|kb| kb * 1024);
+        Ok((stdout, peak))
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok((run_bench(cmd)?, None))
+}
+
+/// Ours over theirs, for the figures both runs produced.
+pub(crate) fn ratios(figures: &[Figure]) -> Vec<Figure> {
+    let get = |name: &str| figures.iter().find(|f| f.name == name).map(|f| f.value);
+    let pairs = [
+        (
+            "prefill_512_vs_pp512",
+            "model/smollm2-135m/int8/prefill_512",
+            "llama.cpp/smollm2-135m/q8_0/pp512",
+        ),
+        (
+            "decode_vs_tg128",
+            "model/smollm2-135m/int8/decode_cached_1_stage",
+            "llama.cpp/smollm2-135m/q8_0/tg128",
+        ),
+        (
+            "peak_rss_vs_tg128_peak_rss",
+            "model/smollm2-135m/int8/peak_rss",
+            "llama.cpp/smollm2-135m/q8_0/peak_rss_tg128",
+        ),
+        (
+            "ring_3_processes_decode_vs_rpc_2_servers_tg128",
+            "ring/smollm2-135m/int8/decode_cached_3_processes",
+            "llama.cpp/smollm2-135m/q8_0/rpc_2_servers/tg128",
+        ),
+    ];
+    pairs
+        .iter()
+        .filter_map(|(name, ours, theirs)| {
+            Some(Figure {
+                name: format!("ours_vs_llama.cpp/smollm2-135m/{name}"),
+                value: get(ours)? / get(theirs)?,
+                unit: "x".into(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_read_from_llama_bench_json_by_test_shape() {
+        let json = r#"[{"n_prompt": 512, "n_gen": 0, "avg_ts": 570.5},
+                       {"n_prompt": 0, "n_gen": 128, "avg_ts": 80.25}]"#;
+        assert_eq!(rate(json, 512, 0).unwrap(), 570.5);
+        assert_eq!(rate(json, 0, 128).unwrap(), 80.25);
+        let missing = rate(json, 0, 64).unwrap_err().to_string();
+        assert!(missing.contains("0+64"), "{missing}");
+        assert!(rate("not json", 512, 0).is_err());
+    }
+
+    #[test]
+    fn ratios_pair_ours_with_theirs_and_skip_what_is_missing() {
+        let f = |name: &str, value: f64| Figure {
+            name: name.into(),
+            value,
+            unit: String::new(),
+        };
+        let figures = [
+            f("model/smollm2-135m/int8/prefill_512", 1200.0),
+            f("llama.cpp/smollm2-135m/q8_0/pp512", 600.0),
+            f("model/smollm2-135m/int8/decode_cached_1_stage", 100.0),
+        ];
+        let r = ratios(&figures);
+        assert_eq!(r.len(), 1, "tg128 is missing, so only the prefill pair");
+        assert_eq!(
+            r[0].name,
+            "ours_vs_llama.cpp/smollm2-135m/prefill_512_vs_pp512"
+        );
+        assert_eq!(r[0].value, 2.0);
+    }
+}
