@@ -9,15 +9,20 @@
 //! activations, scores and accumulators in every layer, and a fresh mapping each time costs a page
 //! fault per 4 KiB — a third of a prefill's time on SmolLM2. So while no load runs, freed blocks
 //! stay in the heap for the next layer (up to [`KEPT_FREE`] at its top), and when a load ends
-//! what it freed is handed back first.
+//! what it freed is handed back first. A stage that streams its layers (`--max-resident-layers`)
+//! loads while it computes, so for it the loading policy stays: see [`streaming`].
 
 use std::sync::Mutex;
 
-/// Loads in progress (a head may load a new plan's stage while a turn computes elsewhere).
-static LOADS: Mutex<usize> = Mutex::new(0);
+/// Loads in progress (a head may load a new plan's stage while a turn computes elsewhere), and
+/// whether a stage of this process streams its layers.
+static LOADS: Mutex<(usize, bool)> = Mutex::new((0, false));
 
 /// Blocks from this size get their own mapping while loading.
 const LOADING_MMAP_THRESHOLD: i32 = 1 << 20;
+
+/// Free bytes at the top of a heap kept while loading (glibc's default).
+const LOADING_TRIM_THRESHOLD: i32 = 128 << 10;
 
 /// Blocks up to this size come from the heap while computing (larger ones are mapped).
 const COMPUTING_MMAP_THRESHOLD: i32 = 256 << 20;
@@ -35,18 +40,27 @@ pub(crate) fn init() {
 pub(crate) fn loading<T>(load: impl FnOnce() -> T) -> T {
     {
         let mut loads = LOADS.lock().unwrap_or_else(|e| e.into_inner());
-        if *loads == 0 {
+        if loads.0 == 0 {
             set_loading();
         }
-        *loads += 1;
+        loads.0 += 1;
     }
     let out = load();
     let mut loads = LOADS.lock().unwrap_or_else(|e| e.into_inner());
-    *loads -= 1;
-    if *loads == 0 {
+    loads.0 -= 1;
+    if loads.0 == 0 && !loads.1 {
         set_computing();
     }
     out
+}
+
+/// A stage of this process streams its layers from its shard while it computes: keep the loading
+/// policy from now on, so that each layer read is given back when it is dropped and the peak stays
+/// below the layers' size.
+pub(crate) fn streaming() {
+    let mut loads = LOADS.lock().unwrap_or_else(|e| e.into_inner());
+    loads.1 = true;
+    set_loading();
 }
 
 fn set_loading() {
@@ -55,6 +69,7 @@ fn set_loading() {
     // the threshold as one aligned word, the old value or the new.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, LOADING_MMAP_THRESHOLD);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, LOADING_TRIM_THRESHOLD);
     }
 }
 

@@ -1065,10 +1065,13 @@ impl Ring<'_> {
                 self.settings.args.keep.on(),
             );
             let stage = tokio::task::block_in_place(|| {
-                crate::memory::loading(|| {
+                let stage = crate::memory::loading(|| {
                     load_stage(opened, plan, 0, precision, backend, max, keep)
-                })
-                .map_err(anyhow::Error::from)
+                })?;
+                if stage.is_streamed() {
+                    crate::memory::streaming();
+                }
+                Ok::<_, anyhow::Error>(stage)
             })?;
             eprintln!(
                 "head: loaded its layers {want:?} in {:.2}s",

@@ -800,6 +800,9 @@ fn load(
         daisy_engine::load_layers(&checkpoint, &config, built, false, precision, max, keep)
     })
     .with_context(|| format!("loading layers {layers:?}"))?;
+    if stage.is_streamed() {
+        crate::memory::streaming();
+    }
     bar.finish_and_clear();
     stage.set_backend(backend.clone());
     eprintln!(

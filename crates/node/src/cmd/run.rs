@@ -74,6 +74,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let max = args.residency.max_resident_layers;
     let stages =
         crate::memory::loading(|| load_stages(&opened, &plan, precision, &chosen.backend, max))?;
+    if stages.iter().any(|s| s.is_streamed()) {
+        crate::memory::streaming();
+    }
     check_stages(&plan, &stages)?;
     let load_s = t0.elapsed().as_secs_f64();
     eprintln!(

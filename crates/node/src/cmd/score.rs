@@ -74,6 +74,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let chosen = super::backend(args.compute.backend)?;
     let stages =
         crate::memory::loading(|| load_stages(&opened, &plan, precision, &chosen.backend, None))?;
+    if stages.iter().any(|s| s.is_streamed()) {
+        crate::memory::streaming();
+    }
     let mut ring = LocalRing::new(&plan, &stages, 1);
     let scored = score(&stages[0], &ids, &mut |p| ring.lap(p))?;
     let compared = against
