@@ -187,6 +187,15 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
             .context("peak_rss_bytes missing")?;
         params = j["params"].as_f64().context("params missing")?;
         figures.push(fig(&name("peak_rss"), rss / 1e6, "MB"));
+        // The peak when loading had ended, and what stays resident after the turn.
+        for (key, what) in [
+            ("load_peak_rss_bytes", "peak_rss_at_load_end"),
+            ("rss_bytes", "rss_after_turn"),
+        ] {
+            if let Some(v) = j[key].as_f64() {
+                figures.push(fig(&name(what), v / 1e6, "MB"));
+            }
+        }
         figures.push(fig(
             &name("peak_rss_per_param"),
             rss / params,

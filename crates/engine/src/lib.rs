@@ -29,7 +29,7 @@ pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{
     BackendReport, Difference, Generated, HopReport, LOOKAHEAD_DRAFTS, PathChoice, SplitRun,
     Timings, TokenEvent, TurnOptions, TurnReport, VerifyReport, generate_turn, peak_rss_bytes,
-    plan_ranges, verify,
+    plan_ranges, rss_bytes, verify,
 };
 
 pub use daisy_model::{ForwardPath, Precision, Resume, Sampling};

@@ -441,7 +441,12 @@ pub struct TurnReport {
     pub json_complete: Option<bool>,
     pub timings: Timings,
     pub params: usize,
+    /// The process's peak resident memory so far (`VmHWM`).
     pub peak_rss_bytes: Option<u64>,
+    /// The peak when loading had ended (`node run` sets it; load and turn are then told apart).
+    pub load_peak_rss_bytes: Option<u64>,
+    /// Resident memory when the turn ended (`VmRSS`): the steady state.
+    pub rss_bytes: Option<u64>,
 }
 
 impl TurnReport {
@@ -482,6 +487,8 @@ impl TurnReport {
             timings: generated.timings,
             params: opened.config().num_params(),
             peak_rss_bytes: peak_rss_bytes(),
+            load_peak_rss_bytes: None,
+            rss_bytes: rss_bytes(),
         }
     }
 }
@@ -496,8 +503,18 @@ pub fn plan_ranges(plan: &Plan) -> Vec<[usize; 2]> {
 
 /// Peak resident set size of this process (`VmHWM`), when the platform reports it.
 pub fn peak_rss_bytes() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Resident set size of this process now (`VmRSS`), when the platform reports it.
+pub fn rss_bytes() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A `kB` line of `/proc/self/status`, in bytes.
+fn status_bytes(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }

@@ -79,6 +79,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
     check_stages(&plan, &stages)?;
     let load_s = t0.elapsed().as_secs_f64();
+    let load_peak = daisy_engine::peak_rss_bytes();
     eprintln!(
         "loaded {} stage(s) {:?} of {} in {load_s:.2}s; {} prompt tokens, {} path, {} precision",
         plan.len(),
@@ -144,7 +145,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     };
     let failed = verified.as_ref().is_some_and(|v| !v.matched);
     if json {
-        let report = TurnReport::of(
+        let mut report = TurnReport::of(
             &opened,
             &plan,
             &stages[0],
@@ -155,6 +156,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             &ring.hops,
             verified,
         );
+        report.load_peak_rss_bytes = load_peak;
         println!("{}", serde_json::to_string(&report)?);
     }
     if failed {
