@@ -3,7 +3,7 @@
 //! for a range of panels; the leftover `K mod 4` is the shared scalar loop in `backend.rs`.
 
 use crate::Isa;
-use crate::packed::PackedWeights;
+use crate::packed::{PANEL, PackedWeights};
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -33,6 +33,10 @@ pub(crate) unsafe fn gemm_panels(
     out: *mut i32,
     n: usize,
 ) {
+    if b.groups() == 0 {
+        // SAFETY: forwarded from the caller's contract.
+        return unsafe { zero_columns(t, b, p0, p1, out, n) };
+    }
     // SAFETY: forwarded from the caller's contract.
     unsafe {
         match isa {
@@ -97,6 +101,10 @@ pub(crate) unsafe fn amx_panels(
     out: *mut i32,
     n: usize,
 ) {
+    if b.groups() == 0 {
+        // SAFETY: forwarded from the caller's contract.
+        return unsafe { zero_columns(t, b, p0, p1, out, n) };
+    }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: forwarded from the caller's contract.
     unsafe {
@@ -106,5 +114,19 @@ pub(crate) unsafe fn amx_panels(
     {
         let _ = (a, kp, t, b, p0, p1, out, n);
         unreachable!("AMX is never available off x86-64")
+    }
+}
+
+/// With no group of 4 K values (K < 4) the grouped part of every sum is 0: write it.
+///
+/// # Safety
+/// As [`gemm_panels`].
+unsafe fn zero_columns(t: usize, b: &PackedWeights, p0: usize, p1: usize, out: *mut i32, n: usize) {
+    debug_assert_eq!(n, b.n());
+    for r in 0..t {
+        for col in p0 * PANEL..(p1 * PANEL).min(n) {
+            // SAFETY: r < t, col < n, inside the caller's columns.
+            unsafe { *out.add(r * n + col) = 0 };
+        }
     }
 }
