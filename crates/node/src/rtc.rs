@@ -12,7 +12,7 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -147,6 +147,104 @@ impl PendingAnswer {
 }
 
 /// An open link: whole messages each way.
+/// The sending end of a link for a thread outside the runtime's tasks (a stage's compute thread):
+/// a message of at most [`DIRECT_MAX_BYTES`] goes out from the calling thread when nothing waits
+/// in the queue — one thread wake-up fewer per hop, which a decode lap pays at every stage; a larger
+/// one, or one behind a queued one, goes through a task, so the computing thread never waits on the
+/// network for a big (prefill) message. Messages leave in the order they are given.
+pub(crate) struct Outbox {
+    link: Arc<Link>,
+    runtime: tokio::runtime::Handle,
+    queue: mpsc::Sender<Vec<u8>>,
+    /// Messages handed to the task and not yet sent by it.
+    queued: Arc<AtomicUsize>,
+    failed: Arc<AtomicBool>,
+    on_error: Arc<std::sync::Mutex<Option<OnError>>>,
+}
+
+/// What an [`Outbox`] does, once, when a send fails.
+type OnError = Box<dyn FnOnce(anyhow::Error) + Send>;
+
+/// The largest message an [`Outbox`] sends from the calling thread (one frame on the wire).
+const DIRECT_MAX_BYTES: usize = 64 << 10;
+
+/// Messages an [`Outbox`]'s task holds before the sender waits.
+const OUTBOX_QUEUE: usize = 4;
+
+impl Outbox {
+    /// An outbox on `link`, its task spawned on the current runtime; `on_error` runs once, with the
+    /// first failed send's error, after which nothing more is sent.
+    pub(crate) fn new(
+        link: Arc<Link>,
+        on_error: impl FnOnce(anyhow::Error) + Send + 'static,
+    ) -> Self {
+        let (queue, mut rx) = mpsc::channel::<Vec<u8>>(OUTBOX_QUEUE);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
+        let on_error: Arc<std::sync::Mutex<Option<OnError>>> =
+            Arc::new(std::sync::Mutex::new(Some(Box::new(on_error))));
+        let task = {
+            let (link, queued, failed, on_error) = (
+                link.clone(),
+                queued.clone(),
+                failed.clone(),
+                on_error.clone(),
+            );
+            async move {
+                while let Some(bytes) = rx.recv().await {
+                    let sent = link.send(&bytes).await;
+                    queued.fetch_sub(1, Ordering::AcqRel);
+                    if let Err(e) = sent {
+                        fail(&failed, &on_error, e);
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::spawn(task);
+        Self {
+            link,
+            runtime: tokio::runtime::Handle::current(),
+            queue,
+            queued,
+            failed,
+            on_error,
+        }
+    }
+
+    /// Send `bytes` after every message given before it, from a thread that may block (not a
+    /// runtime task, unless inside `block_in_place`). Fails once a send has failed (`on_error` has
+    /// the reason) or the task has stopped.
+    pub(crate) fn send_blocking(&self, bytes: Vec<u8>) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            bail!("the link failed");
+        }
+        // Only this thread adds to the queue, so an empty queue stays empty while it sends.
+        if bytes.len() <= DIRECT_MAX_BYTES && self.queued.load(Ordering::Acquire) == 0 {
+            if let Err(e) = self.runtime.block_on(self.link.send(&bytes)) {
+                fail(&self.failed, &self.on_error, e);
+                bail!("the link failed");
+            }
+            return Ok(());
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.queue.blocking_send(bytes).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            bail!("the link's sender stopped");
+        }
+        Ok(())
+    }
+}
+
+/// Mark an outbox failed and run its error handler, the first time only.
+fn fail(failed: &AtomicBool, on_error: &std::sync::Mutex<Option<OnError>>, e: anyhow::Error) {
+    failed.store(true, Ordering::Release);
+    let handler = on_error.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(handler) = handler {
+        handler(e);
+    }
+}
+
 pub(crate) struct Link {
     conn: Conn,
     dc: Arc<dyn DataChannel>,

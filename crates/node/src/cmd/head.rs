@@ -897,8 +897,8 @@ struct Ring<'a> {
     events_tx: mpsc::UnboundedSender<Event>,
     back: std::sync::mpsc::Receiver<Back>,
     back_tx: std::sync::mpsc::Sender<Back>,
-    /// Where the head's laps go (the writer of its link to stage 1).
-    to_ring: Option<mpsc::Sender<Vec<u8>>>,
+    /// Where the head's laps go (its link to stage 1).
+    to_ring: Option<rtc::Outbox>,
     /// The head's current ring links (to stage 1, from the last stage).
     links: Vec<Arc<Link>>,
     /// The slowest lap so far, for the stall timeout.
@@ -1155,19 +1155,12 @@ impl Ring<'_> {
                 .map_err(|_| Failure::member(&last, "its link to the head was dropped"))?
                 .map_err(|e| Failure::member(&last, format!("its link to the head: {e:#}")))?;
             let up = Arc::new(up);
-            let (to_ring, mut rx) = mpsc::channel::<Vec<u8>>(4);
-            {
-                let down = down.clone();
+            let to_ring = {
                 let back = self.back_tx.clone();
-                tokio::spawn(async move {
-                    while let Some(bytes) = rx.recv().await {
-                        if let Err(e) = down.send(&bytes).await {
-                            let _ = back.send(Back::Down(first, format!("the link to it: {e:#}")));
-                            break;
-                        }
-                    }
-                });
-            }
+                rtc::Outbox::new(down.clone(), move |e| {
+                    let _ = back.send(Back::Down(first, format!("the link to it: {e:#}")));
+                })
+            };
             {
                 let up = up.clone();
                 let back = self.back_tx.clone();
@@ -1518,7 +1511,7 @@ impl Ring<'_> {
                 }
                 // The lap is the ring's until it comes back: no GEMM here meanwhile.
                 daisy_gemm_int8::rest();
-                if to_ring.blocking_send(sent.bytes).is_err() {
+                if to_ring.send_blocking(sent.bytes).is_err() {
                     let device = first.clone().unwrap_or_default();
                     *culprit.borrow_mut() = Some((device, "the link to it closed".into()));
                     return Err(daisy_engine::Error::Invalid("the ring is broken".into()));

@@ -438,18 +438,18 @@ fn start_epoch(
     times: StepTimes,
 ) -> Result<Epoch> {
     let (input_tx, input_rx) = std::sync::mpsc::channel::<Input>();
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(4);
+    let (up, down) = (Arc::new(up), Arc::new(down));
+    // A neighbour that dies is the head's to replan around: this member waits for the new plan
+    // instead of failing.
+    let out = rtc::Outbox::new(down.clone(), |e| {
+        eprintln!("join: the link to the next stage: {e:#}; waiting for a new plan")
+    });
     let worker = std::thread::Builder::new()
         .name(format!("stage-{index}"))
         .spawn({
             let fail = fail.clone();
-            move || {
-                compute(
-                    epoch, plan, index, stage, input_rx, out_tx, hops, fail, times,
-                )
-            }
+            move || compute(epoch, plan, index, stage, input_rx, out, hops, fail, times)
         })?;
-    let (up, down) = (Arc::new(up), Arc::new(down));
     let reader = {
         let input_tx = input_tx.clone();
         let up = up.clone();
@@ -472,23 +472,10 @@ fn start_epoch(
             }
         })
     };
-    let writer = {
-        let down = down.clone();
-        tokio::spawn(async move {
-            // A neighbour that dies is the head's to replan around: this member waits for the
-            // new plan instead of failing.
-            while let Some(bytes) = out_rx.recv().await {
-                if let Err(e) = down.send(&bytes).await {
-                    eprintln!("join: the link to the next stage: {e:#}; waiting for a new plan");
-                    break;
-                }
-            }
-        })
-    };
     Ok(Epoch {
         input: input_tx,
         worker,
-        tasks: vec![reader, writer],
+        tasks: vec![reader],
         links: vec![up, down],
     })
 }
@@ -859,7 +846,7 @@ fn compute(
     index: usize,
     stage: Arc<Stage>,
     input: std::sync::mpsc::Receiver<Input>,
-    out: mpsc::Sender<Vec<u8>>,
+    out: rtc::Outbox,
     hops: mpsc::Sender<HopRecord>,
     fail: mpsc::Sender<Failed>,
     times: StepTimes,
@@ -893,7 +880,7 @@ fn compute(
             ..sent
         };
         // With the link to the next stage gone, the head replans; nothing to report here.
-        let _ = out.blocking_send(sent.bytes);
+        let _ = out.send_blocking(sent.bytes);
         Ok(())
     };
     while let Ok(msg) = input.recv() {
