@@ -414,6 +414,9 @@ impl HopReport {
 pub struct BackendReport {
     pub name: String,
     pub adapter: Option<String>,
+    /// A device backend's dispatches, waits and copies over the run (GPU only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
 }
 
 /// Everything one turn produced, as `--format json` prints it.
@@ -474,6 +477,7 @@ impl TurnReport {
             backend: BackendReport {
                 name: head.backend().name().to_string(),
                 adapter,
+                profile: head.backend().profile(),
             },
             precision: head.precision().name(),
             path: path.name(),

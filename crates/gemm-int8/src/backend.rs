@@ -64,6 +64,12 @@ pub trait Backend: Send + Sync {
 
     /// Write the `a.rows() × b.n()` accumulators into `out`, row-major.
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error>;
+
+    /// One line on where this backend's time went so far (a device's dispatches, waits and
+    /// copies), for reports; `None` where there is nothing beyond the computing itself.
+    fn profile(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Check that A, B and the output agree in shape.

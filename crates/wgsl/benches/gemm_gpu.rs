@@ -1,6 +1,8 @@
-//! GOP/s of the GPU backend on the gemm-int8 bench shapes (SmolLM2 and Qwen2.5-0.5B): the integer
-//! GEMM with weights resident (`gpu_i32`: A upload, kernel, read-back) and the full contract through
-//! `daisy_gemm_int8::gemm` (`gpu_gemm`: quantize, kernel, audit, dequantize). One operation is a
+//! GOP/s of the GPU backend on the gemm-int8 bench shapes (SmolLM2, Qwen2.5-0.5B's MLP and the
+//! 1.39 B Qwen2-shaped model of `scripts/make_gpu_models.py`): the kernel alone (`gpu_kernel`: many
+//! dispatches in one submission, no upload or read-back), the integer GEMM with weights resident
+//! (`gpu_i32`: A upload, kernel, read-back) and the full contract through `daisy_gemm_int8::gemm`
+//! (`gpu_gemm`: quantize, kernel, audit, dequantize; every product on the GPU). One operation is a
 //! multiply or an add, so a T x K x N GEMM is 2·T·K·N operations and criterion's elem/s reads as OP/s.
 //!
 //! The adapter comes from `WGPU_BACKEND` / `WGPU_ADAPTER_NAME`; without one the bench says so and
@@ -8,20 +10,31 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use daisy_gemm_int8::{PackedWeights, gemm, quantize_rows, seeded_matrix};
-use daisy_wgsl::{Error, GpuBackend};
+use daisy_wgsl::{Error, GEMV_MAX_T, GpuBackend};
 
-/// T values: decode, a small chunk, the prefill chunk, a long prompt.
+/// T values: decode, a prefill chunk of the cached path (at most 16 rows), a long prompt.
 const TS: [usize; 4] = [1, 16, 64, 512];
 
-/// (name, K, N): SmolLM2-135M (hidden 576, kv 192, mlp 1536, vocab 49152) and Qwen2.5-0.5B's MLP.
-const KN: [(&str, usize, usize); 6] = [
+/// (name, K, N): SmolLM2-135M (hidden 576, kv 192, mlp 1536, vocab 49152), Qwen2.5-0.5B's MLP, and
+/// the 1.39 B model's fused products (hidden 1536, q/k/v 1536+256+256, gate/up 2 x 8960, vocab
+/// 49152).
+const KN: [(&str, usize, usize); 11] = [
     ("smollm2_qo", 576, 576),
     ("smollm2_kv", 576, 192),
     ("smollm2_up", 576, 1536),
     ("smollm2_down", 1536, 576),
     ("smollm2_lm_head", 576, 49152),
     ("qwen2_5_up", 896, 4864),
+    ("q1b4_qkv", 1536, 2048),
+    ("q1b4_o", 1536, 1536),
+    ("q1b4_gate_up", 1536, 17920),
+    ("q1b4_down", 8960, 1536),
+    ("q1b4_lm_head", 1536, 49152),
 ];
+
+/// Dispatches per timed submission of `gpu_kernel`: enough that one submission's overhead is
+/// small against the kernels.
+const KERNEL_REPS: usize = 20;
 
 fn open() -> Option<GpuBackend> {
     match GpuBackend::new() {
@@ -45,7 +58,8 @@ fn open() -> Option<GpuBackend> {
 }
 
 fn bench(c: &mut Criterion) {
-    let Some(gpu) = open() else { return };
+    let Some(mut gpu) = open() else { return };
+    gpu.set_cpu_below(0);
     for (name, k, n) in KN {
         let w =
             PackedWeights::new(&seeded_matrix(0xB, n, k), n, k).expect("seeded weights are finite");
@@ -58,6 +72,39 @@ fn bench(c: &mut Criterion) {
             let qa = quantize_rows(&a, t, k).expect("seeded rows are finite");
             let ops = 2 * (t * k * n) as u64;
             let id = BenchmarkId::new(name, format!("t{t}_k{k}_n{n}"));
+
+            let mut group = c.benchmark_group("gpu_kernel");
+            group.throughput(Throughput::Elements(ops));
+            group.sample_size(10);
+            group.bench_with_input(id.clone(), &t, |bench, &t| {
+                bench.iter_custom(|iters| {
+                    let reps = iters.max(1) as usize;
+                    let per = gpu
+                        .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
+                        .expect("gpu kernel");
+                    std::time::Duration::from_secs_f64(per * iters as f64)
+                });
+            });
+            group.finish();
+
+            if t == 16 {
+                // The same rows through `tiled` instead of `gemv`: the choice of entry point.
+                gpu.set_gemv_rows(0);
+                let mut group = c.benchmark_group("gpu_kernel_tiled");
+                group.throughput(Throughput::Elements(ops));
+                group.sample_size(10);
+                group.bench_with_input(id.clone(), &t, |bench, &t| {
+                    bench.iter_custom(|iters| {
+                        let reps = iters.max(1) as usize;
+                        let per = gpu
+                            .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
+                            .expect("gpu kernel");
+                        std::time::Duration::from_secs_f64(per * iters as f64)
+                    });
+                });
+                group.finish();
+                gpu.set_gemv_rows(GEMV_MAX_T);
+            }
 
             let mut group = c.benchmark_group("gpu_i32");
             group.throughput(Throughput::Elements(ops));

@@ -4,13 +4,15 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
-use daisy_gemm_int8::{Backend, PackedWeights, Quantized, Rhs};
+use daisy_gemm_int8::{Backend, CpuBackend, PackedWeights, Quantized, Rhs};
 
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gates;
-use crate::kernel::{self, Kernel, Pipeline, Scratch};
+use crate::kernel::{self, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch};
+use crate::profile::{GpuProfile, Profile};
 
 /// The largest K whose i32 accumulation is exact: 127² · 131071 < 2³¹ (DESIGN §3.1).
 pub const MAX_K: usize = daisy_gemm_int8::MAX_K;
@@ -30,7 +32,18 @@ pub struct GpuBackend {
     scratch: Mutex<Scratch>,
     /// Device copies of [`PackedWeights`], keyed by [`PackedWeights::id`].
     cache: Mutex<HashMap<u64, Arc<GpuWeights>>>,
+    profile: Profile,
+    /// The CPU kernels, for products of fewer than `cpu_below` multiply-adds.
+    cpu: CpuBackend,
+    cpu_below: usize,
+    /// Rows of A up to which the `gemv` entry point runs (at most [`GEMV_MAX_T`]).
+    gemv_rows: usize,
 }
+
+/// Products of fewer multiply-adds than this run on the CPU kernels when the backend is used as a
+/// [`Backend`]: below it, one GPU round trip (submission, wait, read-back) costs more than the
+/// product (decode's attention of one query row). The integers are the same on either side.
+pub const CPU_BELOW_MACS: usize = 1 << 21;
 
 impl std::fmt::Debug for GpuBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -44,6 +57,7 @@ impl std::fmt::Debug for GpuBackend {
 /// Int8 weights (N x K, row n = output channel n) resident on one backend's device.
 /// Dropping the handle frees the device memory.
 pub struct GpuWeights {
+    /// `n` rows of [`kernel::row_bytes`]`(k)` bytes.
     pub(crate) buffer: wgpu::Buffer,
     pub(crate) n: usize,
     pub(crate) k: usize,
@@ -106,10 +120,14 @@ impl GpuBackend {
 
     /// Like [`GpuBackend::new`] with a chosen kernel; fails if the kernel fails a gate.
     pub fn with_kernel(kernel: Kernel) -> Result<GpuBackend> {
-        let backend = GpuBackend::ungated(kernel)?;
+        let mut backend = GpuBackend::ungated(kernel)?;
         gates::run(&backend)?;
+        // The shared gates go through `Backend`: every product of theirs on the GPU.
+        let cpu_below = std::mem::replace(&mut backend.cpu_below, 0);
         daisy_gemm_int8::exact_gates(&backend)?;
+        backend.cpu_below = cpu_below;
         backend.clear_cache();
+        backend.reset_profile();
         Ok(backend)
     }
 
@@ -126,7 +144,65 @@ impl GpuBackend {
             id: next_id(),
             scratch: Mutex::new(Scratch::default()),
             cache: Mutex::new(HashMap::new()),
+            profile: Profile::default(),
+            cpu: CpuBackend::new(),
+            cpu_below: std::env::var("DAISY_GPU_CPU_BELOW")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(CPU_BELOW_MACS),
+            gemv_rows: GEMV_MAX_T,
         })
+    }
+
+    /// Sets the rows of A up to which the `gemv` entry point runs instead of `tiled` (clamped to
+    /// [`GEMV_MAX_T`]; 0: `tiled` always). Either gives the same integers; this is for benchmarks.
+    pub fn set_gemv_rows(&mut self, rows: usize) {
+        self.gemv_rows = rows.min(GEMV_MAX_T);
+    }
+
+    /// Seconds of the kernel alone for `a` (T x K) against resident weights, averaged over `reps`
+    /// dispatches recorded in one submission (no upload or read-back in the time): the kernel's
+    /// own throughput, for benchmarks.
+    pub fn kernel_seconds(&self, a: &[i8], t: usize, w: &GpuWeights, reps: usize) -> Result<f64> {
+        if w.backend != self.id {
+            return Err(Error::ForeignWeights { id: w.id });
+        }
+        check_len("a", a.len(), t, w.k)?;
+        check_k(w.k)?;
+        let packed = kernel::pack_rows(a, t, w.k);
+        let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+        kernel::kernel_seconds(
+            &self.gpu,
+            &self.pipeline,
+            &mut scratch,
+            &packed,
+            t,
+            &DeviceRhs::Resident(w),
+            w.k,
+            self.gemv_rows,
+            reps,
+        )
+    }
+
+    /// Sets the size (multiply-adds) below which products run on the CPU kernels; 0 sends every
+    /// product to the GPU. Only [`Backend::gemm_i32`] looks at it; the gates always run on the GPU.
+    pub fn set_cpu_below(&mut self, macs: usize) {
+        self.cpu_below = macs;
+    }
+
+    /// The size below which products run on the CPU kernels (see [`GpuBackend::set_cpu_below`]).
+    pub fn cpu_below(&self) -> usize {
+        self.cpu_below
+    }
+
+    /// Where this backend's time went since it was built or [`GpuBackend::reset_profile`].
+    pub fn profile(&self) -> GpuProfile {
+        self.profile.snapshot()
+    }
+
+    /// Zeroes the counters of [`GpuBackend::profile`].
+    pub fn reset_profile(&self) {
+        self.profile.reset();
     }
 
     /// The adapter's name, backend and driver, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, llvmpipe)`.
@@ -150,7 +226,7 @@ impl GpuBackend {
         check_len("b", b.len(), n, k)?;
         check_k(k)?;
         let packed = kernel::pack_rows(b, n, k);
-        let bytes = packed.len().max(4) as u64;
+        let bytes = packed.len().max(16) as u64;
         if bytes > self.gpu.max_binding {
             return Err(Error::TooLarge {
                 what: "weights",
@@ -179,17 +255,80 @@ impl GpuBackend {
 
     /// `acc[t, n] = Σ_k a[t, k] · w[n, k]` in i32 for row-major `a` (T x K) and resident weights.
     pub fn gemm_i8_resident(&self, a: &[i8], t: usize, w: &GpuWeights) -> Result<Vec<i32>> {
+        let mut out = vec![0; t * w.n];
+        self.gemm_i8_resident_into(a, t, w, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`GpuBackend::gemm_i8_resident`] into a caller's `t x n` buffer.
+    pub fn gemm_i8_resident_into(
+        &self,
+        a: &[i8],
+        t: usize,
+        w: &GpuWeights,
+        out: &mut [i32],
+    ) -> Result<()> {
         if w.backend != self.id {
             return Err(Error::ForeignWeights { id: w.id });
         }
-        let (n, k) = (w.n, w.k);
+        self.run(a, t, &DeviceRhs::Resident(w), w.n, w.k, out)
+    }
+
+    /// The same GEMM with B given per call (an activation operand: attention's K rows or Vᵀ rows).
+    pub fn gemm_i8(&self, a: &[i8], t: usize, b: &[i8], n: usize, k: usize) -> Result<Vec<i32>> {
+        let mut out = vec![0; t * n];
+        self.gemm_i8_into(a, t, b, n, k, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`GpuBackend::gemm_i8`] into a caller's `t x n` buffer. B goes into a reused device buffer.
+    pub fn gemm_i8_into(
+        &self,
+        a: &[i8],
+        t: usize,
+        b: &[i8],
+        n: usize,
+        k: usize,
+        out: &mut [i32],
+    ) -> Result<()> {
+        check_len("b", b.len(), n, k)?;
+        check_k(k)?;
+        let packed = kernel::pack_rows(b, n, k);
+        let bytes = packed.len() as u64;
+        if bytes > self.gpu.max_binding {
+            return Err(Error::TooLarge {
+                what: "operand b",
+                bytes,
+                limit: self.gpu.max_binding,
+            });
+        }
+        self.run(a, t, &DeviceRhs::Packed { bytes: &packed, n }, n, k, out)
+    }
+
+    /// Checks shapes, splits A into calls that fit one binding, and dispatches each.
+    fn run(
+        &self,
+        a: &[i8],
+        t: usize,
+        rhs: &DeviceRhs<'_>,
+        n: usize,
+        k: usize,
+        out: &mut [i32],
+    ) -> Result<()> {
         check_len("a", a.len(), t, k)?;
         check_k(k)?;
-        if t == 0 || n == 0 || k == 0 {
-            return Ok(vec![0; t * n]);
+        if out.len() != t * n {
+            return Err(Error::ShapeMismatch {
+                operand: "out",
+                got: out.len(),
+                expected: t * n,
+            });
         }
-        let k4 = kernel::words(k);
-        let row_bytes = (n.max(k4) * 4) as u64;
+        if t == 0 || n == 0 || k == 0 {
+            out.fill(0);
+            return Ok(());
+        }
+        let row_bytes = (n * 4).max(kernel::row_bytes(k)) as u64;
         let rows_per_call = (self.gpu.max_binding / row_bytes) as usize;
         if rows_per_call == 0 {
             return Err(Error::TooLarge {
@@ -199,21 +338,26 @@ impl GpuBackend {
             });
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut out = Vec::with_capacity(t * n);
-        for chunk in a.chunks(rows_per_call * k) {
+        for (chunk, part) in a
+            .chunks(rows_per_call * k)
+            .zip(out.chunks_mut(rows_per_call * n))
+        {
             let rows = chunk.len() / k;
             let packed = kernel::pack_rows(chunk, rows, k);
-            let part = kernel::dispatch(&self.gpu, &self.pipeline, &mut scratch, &packed, rows, w)?;
-            out.extend_from_slice(&part);
+            kernel::dispatch(
+                &self.gpu,
+                &self.pipeline,
+                &mut scratch,
+                &self.profile,
+                &packed,
+                rows,
+                rhs,
+                k,
+                self.gemv_rows,
+                part,
+            )?;
         }
-        Ok(out)
-    }
-
-    /// The same GEMM with B given per call (an activation operand: attention's K rows or Vᵀ rows).
-    pub fn gemm_i8(&self, a: &[i8], t: usize, b: &[i8], n: usize, k: usize) -> Result<Vec<i32>> {
-        check_len("a", a.len(), t, k)?;
-        let w = self.upload(b, n, k)?;
-        self.gemm_i8_resident(a, t, &w)
+        Ok(())
     }
 }
 
@@ -256,21 +400,26 @@ impl GpuBackend {
             .sum()
     }
 
-    fn gemm_rhs(&self, a: &Quantized, b: Rhs<'_>) -> Result<Vec<i32>> {
+    fn gemm_rhs(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<()> {
         match b {
             Rhs::Weights(w) => {
-                self.gemm_i8_resident(a.q(), a.rows(), self.weights_for(w)?.as_ref())
+                self.gemm_i8_resident_into(a.q(), a.rows(), self.weights_for(w)?.as_ref(), out)
             }
-            Rhs::Activation(q) => self.gemm_i8(a.q(), a.rows(), q.q(), q.rows(), q.k()),
+            Rhs::Activation(q) => self.gemm_i8_into(a.q(), a.rows(), q.q(), q.rows(), q.k(), out),
         }
     }
 }
 
-/// The `daisy-gemm-int8` backend: the GPU returns the i32 accumulators; dequantization, audit and
-/// probe are the shared CPU code.
+/// The `daisy-gemm-int8` backend: the GPU returns the i32 accumulators (products below
+/// [`GpuBackend::cpu_below`] multiply-adds come from the CPU kernels, the same integers without a
+/// round trip); dequantization, audit and probe are the shared CPU code.
 impl Backend for GpuBackend {
     fn name(&self) -> String {
         format!("wgpu:{}", self.adapter_name())
+    }
+
+    fn profile(&self) -> Option<String> {
+        Some(GpuBackend::profile(self).to_string())
     }
 
     fn gemm_i32(
@@ -280,13 +429,16 @@ impl Backend for GpuBackend {
         out: &mut [i32],
     ) -> Result<(), daisy_gemm_int8::Error> {
         daisy_gemm_int8::check_shapes(a, b, out)?;
-        let acc = self
-            .gemm_rhs(a, b)
+        if a.rows() * b.n() * b.k() < self.cpu_below {
+            let start = Instant::now();
+            self.cpu.gemm_i32(a, b, out)?;
+            self.profile.add_cpu(start.elapsed());
+            return Ok(());
+        }
+        self.gemm_rhs(a, b, out)
             .map_err(|e| daisy_gemm_int8::Error::Backend {
                 backend: self.name(),
                 message: e.to_string(),
-            })?;
-        out.copy_from_slice(&acc);
-        Ok(())
+            })
     }
 }

@@ -1,5 +1,5 @@
 //! The exactness gates of DESIGN §3.7 on the integer part: fixed shapes (K not a multiple of the
-//! kernel's tile, T = 1, all-zero rows, ±127 at K = 131071, partial tiles in T and N) whose i32
+//! kernel's tile, T = 1 and every T up to `gemv`'s limit and past it, all-zero rows, ±127 at K = 131071, partial tiles in T and N) whose i32
 //! accumulators must equal the scalar reference bit for bit, or the backend is not used.
 
 use crate::backend::{GpuBackend, MAX_K};
@@ -88,23 +88,31 @@ fn gates() -> Vec<Gate> {
     g.name = "zero rows t=5 n=6 k=97".to_owned();
     gates.push(g);
 
-    // ±127 at the largest K: every sign pattern of the extremes, no overflow.
+    // ±127 at the largest K: every sign pattern of the extremes, no overflow; once with few rows
+    // (the `gemv` entry point) and once with more (`tiled`).
     let k = MAX_K;
-    let mut a = Vec::with_capacity(3 * k);
-    a.extend(std::iter::repeat_n(127i8, k));
-    a.extend(std::iter::repeat_n(-127i8, k));
-    a.extend((0..k).map(|i| if i % 3 == 0 { -127i8 } else { 127 }));
     let mut b = Vec::with_capacity(2 * k);
     b.extend(std::iter::repeat_n(127i8, k));
     b.extend(std::iter::repeat_n(-127i8, k));
-    gates.push(Gate {
-        name: format!("extremes t=3 n=2 k={k}"),
-        t: 3,
-        n: 2,
-        k,
-        a,
-        b,
-    });
+    for t in [3, 2 * crate::kernel::GEMV_MAX_T + 1] {
+        let mut a = Vec::with_capacity(t * k);
+        for row in 0..t {
+            a.extend((0..k).map(|i| match row % 3 {
+                0 => 127i8,
+                1 => -127,
+                _ if i % 3 == 0 => -127,
+                _ => 127,
+            }));
+        }
+        gates.push(Gate {
+            name: format!("extremes t={t} n=2 k={k}"),
+            t,
+            n: 2,
+            k,
+            a,
+            b: b.clone(),
+        });
+    }
     gates
 }
 

@@ -1,25 +1,29 @@
 //! The verified INT8 GEMM on WebGPU through `wgpu`, gated bit for bit against `daisy-gemm-int8`.
 //!
 //! The GPU computes only the integer part of DESIGN §3: `acc = Σ qa · qb` in i32, int8 packed four
-//! to a u32, `dot4I8Packed` where the instance implements WGSL's `packed_4x8_integer_dot_product`
+//! to a u32 (rows padded to 64 bytes), `dot4I8Packed` where the instance implements WGSL's `packed_4x8_integer_dot_product`
 //! extension and shift-and-sign-extend otherwise. Dequantization stays on the CPU in
 //! `daisy-gemm-int8`, because WGSL's float conversions and multiplies may round either way or flush
 //! subnormals. A backend is only handed out after its gates pass.
 //!
 //! The adapter comes from the environment: `WGPU_BACKEND` (e.g. `vulkan`), `WGPU_ADAPTER_NAME`
-//! (a case-insensitive substring of the adapter name) and `WGPU_POWER_PREF`.
+//! (a case-insensitive substring of the adapter name) and `WGPU_POWER_PREF`. `DAISY_GPU_CPU_BELOW`
+//! sets the size (multiply-adds) below which a product runs on the CPU kernels instead of making a
+//! round trip to the device ([`CPU_BELOW_MACS`] by default; 0: every product on the GPU).
 
 mod backend;
 mod device;
 mod error;
 mod gates;
 mod kernel;
+mod profile;
 mod residency;
 mod select;
 
-pub use backend::{GpuBackend, GpuWeights, MAX_K};
+pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K};
 pub use device::{AdapterSummary, adapters};
 pub use error::{Error, Result};
-pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, Kernel};
+pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, GEMV_MAX_T, Kernel};
+pub use profile::GpuProfile;
 pub use residency::{LayerResidency, MAX_LIVE_LAYERS, MatrixShape};
 pub use select::{BackendChoice, Selected, select, select_auto};

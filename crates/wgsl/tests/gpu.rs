@@ -20,10 +20,14 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// The backend for `kernel`, or `None` (skip) when there is no adapter outside CI.
+/// The backend for `kernel`, every product on the GPU (none routed to the CPU kernels for its
+/// size), or `None` (skip) when there is no adapter outside CI.
 fn open(kernel: Kernel) -> Option<GpuBackend> {
     match GpuBackend::with_kernel(kernel) {
-        Ok(b) => Some(b),
+        Ok(mut b) => {
+            b.set_cpu_below(0);
+            Some(b)
+        }
         Err(e @ Error::NoAdapter { .. }) => {
             assert!(!in_ci(), "CI=true and no GPU adapter: {e}");
             eprintln!("skipping: {e}");
@@ -61,9 +65,10 @@ fn gates_pass_and_the_adapter_is_named() {
 
 #[test]
 fn both_dot4_variants_equal_the_scalar_reference_on_the_table() {
-    let ts = [1, 2, 17, 64, 67];
+    // T: both sides of `gemv`'s limit (16) and of `tiled`'s 128-row tile; N likewise.
+    let ts = [1, 2, 15, 16, 17, 67, 129];
     let ks = [1, 3, 63, 64, 65, 576, 1536, 4864];
-    let ns = [1, 2, 63, 130];
+    let ns = [1, 2, 63, 129, 130];
     for kernel in [Kernel::Packed, Kernel::ShiftExtend] {
         let Some(gpu) = open(kernel.clone()) else {
             return;
@@ -143,26 +148,48 @@ fn mutant(replacements: &[(&str, &str)]) -> Kernel {
     Kernel::Wgsl(source)
 }
 
-/// Drops the last partial K tile: the tile edge is wrong whenever K is not a multiple of 64.
-fn wrong_tile_edge() -> Kernel {
+/// `tiled` skips its last K stage (64 int8): wrong whenever a row has values there.
+fn tiled_skips_last_stage() -> Kernel {
     mutant(&[(
-        "let ntiles = (dims.k4 + TK - 1u) / TK;",
-        "let ntiles = dims.k4 / TK;",
+        "let ntiles = dims.k16 / KV;",
+        "let ntiles = (dims.k16 - 1u) / KV;",
     )])
 }
 
-/// Accumulates in f32: exact until a partial sum passes 2²⁴, wrong at ±127 with large K.
+/// `gemv` skips the last 64 int8 of each row (the padded row's last K stage, which always holds
+/// at least one value).
+fn gemv_skips_last_stage() -> Kernel {
+    mutant(&[(
+        "for (var q = lane; q < dims.k16; q += LANES) {",
+        "for (var q = lane; q + KV < dims.k16; q += LANES) {",
+    )])
+}
+
+/// Accumulates in f32 in both entry points: exact until a partial sum passes 2²⁴, wrong at ±127
+/// with large K.
 fn f32_accumulator() -> Kernel {
     mutant(&[
-        ("var acc: array<i32, 16>;", "var acc: array<f32, 16>;"),
-        ("acc[i] = 0;", "acc[i] = 0.0;"),
         (
-            "acc[idx] = acc[idx] + dot4(ar[i], br[j]);",
-            "acc[idx] = acc[idx] + f32(dot4(ar[i], br[j]));",
+            "var acc: array<vec4<i32>, 16>;",
+            "var acc: array<vec4<f32>, 16>;",
+        ),
+        ("acc[i] = vec4<i32>(0);", "acc[i] = vec4<f32>(0.0);"),
+        ("+= dot4x4(", "+= vec4<f32>(dot4x4("),
+        (", b0);", ", b0));"),
+        (", b1);", ", b1));"),
+        (
+            "let v = acc[2u * i + h];",
+            "let v = vec4<i32>(acc[2u * i + h]);",
+        ),
+        ("var acc: array<i32, 16>;", "var acc: array<f32, 16>;"),
+        ("acc[r] = 0;", "acc[r] = 0.0;"),
+        (
+            "acc[r] += dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w);",
+            "acc[r] += f32(dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w));",
         ),
         (
-            "out[row * dims.n + col] = acc[idx];",
-            "out[row * dims.n + col] = i32(acc[idx]);",
+            "partial[r * 256u + li] = acc[r];",
+            "partial[r * 256u + li] = i32(acc[r]);",
         ),
     ])
 }
@@ -181,7 +208,8 @@ fn mutant_kernels_fail_the_gates() {
         return;
     };
     for (name, kernel) in [
-        ("wrong tile edge", wrong_tile_edge()),
+        ("tiled skips its last K stage", tiled_skips_last_stage()),
+        ("gemv skips its last K stage", gemv_skips_last_stage()),
         ("f32 accumulator", f32_accumulator()),
     ] {
         match GpuBackend::with_kernel(kernel) {
@@ -199,10 +227,26 @@ fn mutant_kernels_injected_after_the_gates_fail_the_audit() {
     let Some(_gpu) = open(Kernel::Packed) else {
         return;
     };
-    // A live-sized GEMM (K = 1541 is not a multiple of the K tile) for the tile-edge mutant; ±1
-    // everywhere at K = 131071 for the f32 mutant, whose error needs sums past 2²⁴.
+    // Live-sized GEMMs (K = 1541 is not a multiple of any K tile) for the stage mutants, at T past
+    // and within `gemv`'s limit; ±1 everywhere at K = 131071 for the f32 mutant, whose error needs
+    // sums past 2²⁴.
     let cases = [
-        ("wrong tile edge", wrong_tile_edge(), 17, 1541, 67, false),
+        (
+            "tiled skips its last K stage",
+            tiled_skips_last_stage(),
+            17,
+            1541,
+            67,
+            false,
+        ),
+        (
+            "gemv skips its last K stage",
+            gemv_skips_last_stage(),
+            1,
+            1541,
+            67,
+            false,
+        ),
         (
             "f32 accumulator",
             f32_accumulator(),
@@ -213,7 +257,8 @@ fn mutant_kernels_injected_after_the_gates_fail_the_audit() {
         ),
     ];
     for (name, kernel, t, k, n, ones) in cases {
-        let gpu = GpuBackend::ungated(kernel).unwrap();
+        let mut gpu = GpuBackend::ungated(kernel).unwrap();
+        gpu.set_cpu_below(0);
         let (a, b) = if ones {
             (vec![1.0f32; t * k], vec![1.0f32; n * k])
         } else {
@@ -239,7 +284,8 @@ fn weights_are_uploaded_once_per_handle() {
     let a = seeded_matrix(6, t, k);
     let first = gemm(&gpu, &a, t, &w).unwrap();
     let bytes = gpu.cached_bytes();
-    assert_eq!(bytes, (n * k.div_ceil(4) * 4) as u64);
+    // Rows padded to 64 bytes.
+    assert_eq!(bytes, (n * k.div_ceil(64) * 64) as u64);
     let second = gemm(&gpu, &a, t, &w).unwrap();
     assert_eq!(gpu.cached_bytes(), bytes);
     assert_eq!(

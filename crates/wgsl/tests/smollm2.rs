@@ -99,7 +99,11 @@ fn fixture_and_gpu() -> Option<(Checkpoint, GpuBackend)> {
         return None;
     }
     let gpu = match GpuBackend::new() {
-        Ok(g) => g,
+        // Every product on the GPU, none routed to the CPU kernels for its size.
+        Ok(mut g) => {
+            g.set_cpu_below(0);
+            g
+        }
         Err(e @ Error::NoAdapter { .. }) => {
             assert!(!in_ci(), "CI=true and no GPU adapter: {e}");
             eprintln!("skipping: {e}");
@@ -191,14 +195,15 @@ fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
         on_gpu.2
     );
 
-    // Mutation: a kernel that drops the last partial K tile, injected after the gates.
+    // Mutation: a kernel whose `tiled` entry point skips the last K stage, injected after the gates.
     let source = format!("{GEMM_WGSL}\n{DOT4_SHIFT_WGSL}");
-    let from = "let ntiles = (dims.k4 + TK - 1u) / TK;";
+    let from = "let ntiles = dims.k16 / KV;";
     assert!(source.contains(from));
-    let mutant = GpuBackend::ungated(Kernel::Wgsl(
-        source.replace(from, "let ntiles = dims.k4 / TK;"),
+    let mut mutant = GpuBackend::ungated(Kernel::Wgsl(
+        source.replace(from, "let ntiles = (dims.k16 - 1u) / KV;"),
     ))
     .unwrap();
+    mutant.set_cpu_below(0);
     let mutant: Arc<dyn Backend> = Arc::new(mutant);
     let err = run(&stages(&ckpt, &cfg, &[10, 10, 10], &mutant), &prompt, 1).unwrap_err();
     assert!(

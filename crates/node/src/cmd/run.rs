@@ -144,6 +144,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         None
     };
     let failed = verified.as_ref().is_some_and(|v| !v.matched);
+    if let (false, Some(profile)) = (json, stages[0].backend().profile()) {
+        eprintln!("backend {}: {profile}", stages[0].backend().name());
+    }
     if json {
         let mut report = TurnReport::of(
             &opened,

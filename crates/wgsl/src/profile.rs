@@ -1,0 +1,136 @@
+//! Where a GPU backend's time goes: per dispatch, the host's part up to the submission (packing
+//! is the caller's; here: writing A (and an activation B) into the queue, the bind group, the
+//! command buffer, the submission), the wait for the GPU (kernel and copy to the read-back buffer),
+//! and the read-back (mapping and copying the accumulators out). Counters only; no effect on results.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Running totals of one backend's dispatches.
+#[derive(Default, Debug)]
+pub(crate) struct Profile {
+    gemv: AtomicU64,
+    tiled: AtomicU64,
+    on_cpu: AtomicU64,
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+    submit_ns: AtomicU64,
+    wait_ns: AtomicU64,
+    readback_ns: AtomicU64,
+    cpu_ns: AtomicU64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Profile {
+    /// One dispatch (of `gemv` or not): bytes sent and read back, and its [submit, wait,
+    /// read-back] times.
+    pub(crate) fn add(&self, gemv: bool, up: u64, down: u64, times: [Duration; 3]) {
+        let calls = if gemv { &self.gemv } else { &self.tiled };
+        calls.fetch_add(1, Ordering::Relaxed);
+        self.bytes_up.fetch_add(up, Ordering::Relaxed);
+        self.bytes_down.fetch_add(down, Ordering::Relaxed);
+        self.submit_ns.fetch_add(nanos(times[0]), Ordering::Relaxed);
+        self.wait_ns.fetch_add(nanos(times[1]), Ordering::Relaxed);
+        self.readback_ns
+            .fetch_add(nanos(times[2]), Ordering::Relaxed);
+    }
+
+    /// One product small enough to run on the CPU kernels instead.
+    pub(crate) fn add_cpu(&self, time: Duration) {
+        self.on_cpu.fetch_add(1, Ordering::Relaxed);
+        self.cpu_ns.fetch_add(nanos(time), Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> GpuProfile {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let secs = |c: &AtomicU64| get(c) as f64 / 1e9;
+        GpuProfile {
+            gemv_dispatches: get(&self.gemv),
+            tiled_dispatches: get(&self.tiled),
+            cpu_products: get(&self.on_cpu),
+            bytes_up: get(&self.bytes_up),
+            bytes_down: get(&self.bytes_down),
+            submit_s: secs(&self.submit_ns),
+            wait_s: secs(&self.wait_ns),
+            readback_s: secs(&self.readback_ns),
+            cpu_s: secs(&self.cpu_ns),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        for c in [
+            &self.gemv,
+            &self.tiled,
+            &self.on_cpu,
+            &self.bytes_up,
+            &self.bytes_down,
+            &self.submit_ns,
+            &self.wait_ns,
+            &self.readback_ns,
+            &self.cpu_ns,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A copy of a backend's counters since it was made or last reset.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuProfile {
+    /// Dispatches of the `gemv` entry point.
+    pub gemv_dispatches: u64,
+    /// Dispatches of the `tiled` entry point.
+    pub tiled_dispatches: u64,
+    /// Products small enough that the CPU kernels ran them (a round trip costs more).
+    pub cpu_products: u64,
+    /// Bytes written to the device per call (A, and B when it is an activation).
+    pub bytes_up: u64,
+    /// Bytes of accumulators read back.
+    pub bytes_down: u64,
+    /// Seconds from a dispatch's start to its submission (queue writes, bind group, encoding).
+    pub submit_s: f64,
+    /// Seconds waiting for the GPU (kernel and the copy to the read-back buffer).
+    pub wait_s: f64,
+    /// Seconds mapping and copying accumulators out.
+    pub readback_s: f64,
+    /// Seconds of the products run on the CPU.
+    pub cpu_s: f64,
+}
+
+impl GpuProfile {
+    /// GPU dispatches of both entry points.
+    pub fn dispatches(&self) -> u64 {
+        self.gemv_dispatches + self.tiled_dispatches
+    }
+}
+
+impl std::fmt::Display for GpuProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per = |s: f64| {
+            let n = self.dispatches().max(1) as f64;
+            s * 1e6 / n
+        };
+        write!(
+            f,
+            "{} dispatches ({} gemv, {} tiled), {} products on the CPU ({:.3} s); \
+             submit {:.3} s ({:.0} µs each), wait {:.3} s ({:.0} µs), read-back {:.3} s ({:.0} µs); \
+             {:.1} MB up, {:.1} MB down",
+            self.dispatches(),
+            self.gemv_dispatches,
+            self.tiled_dispatches,
+            self.cpu_products,
+            self.cpu_s,
+            self.submit_s,
+            per(self.submit_s),
+            self.wait_s,
+            per(self.wait_s),
+            self.readback_s,
+            per(self.readback_s),
+            self.bytes_up as f64 / 1e6,
+            self.bytes_down as f64 / 1e6,
+        )
+    }
+}
