@@ -53,6 +53,18 @@ impl Rhs<'_> {
     }
 }
 
+/// One product of a batch handed to [`Backend::gemm_i32_batch`]: its operands and where its
+/// `a.rows() × b.n()` accumulators go.
+#[derive(Debug)]
+pub struct BatchItem<'a> {
+    /// The quantized rows of A.
+    pub a: &'a Quantized,
+    /// The B operand.
+    pub b: Rhs<'a>,
+    /// The accumulators, row-major.
+    pub out: &'a mut [i32],
+}
+
 /// Something that computes the exact i32 accumulators `acc[t][n] = Σ_k qa[t][k] · qb[n][k]`.
 ///
 /// Dequantization, gates, audit and probe stay in this crate and are shared by every backend, so a
@@ -64,6 +76,15 @@ pub trait Backend: Send + Sync {
 
     /// Write the `a.rows() × b.n()` accumulators into `out`, row-major.
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error>;
+
+    /// Several independent products. A device backend may send them in one submission (one round
+    /// trip instead of one each); the integers are those of [`Backend::gemm_i32`] on each item.
+    fn gemm_i32_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), Error> {
+        for item in items.iter_mut() {
+            self.gemm_i32(item.a, item.b, item.out)?;
+        }
+        Ok(())
+    }
 
     /// One line on where this backend's time went so far (a device's dispatches, waits and
     /// copies), for reports; `None` where there is nothing beyond the computing itself.

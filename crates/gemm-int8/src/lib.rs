@@ -14,7 +14,7 @@ mod pool;
 mod quant;
 mod verify;
 
-pub use backend::{AMX_MIN_T, Backend, CpuBackend, Isa, Rhs, check_shapes};
+pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_shapes};
 pub use packed::{PackedParts, PackedWeights, SharedBytes};
 pub use quant::{Quantized, quantize_residual, quantize_rows};
 pub use verify::{
@@ -269,6 +269,38 @@ fn advise_huge_pages(buf: &mut [f32]) {
     }
     #[cfg(not(target_os = "linux"))]
     let _ = buf;
+}
+
+/// [`gemm_quantized`] for several independent products at once, through
+/// [`Backend::gemm_i32_batch`] (one round trip on a device backend); each is audited and
+/// dequantized as alone. Returns each C, `a.rows() × b.n()`, in order.
+pub fn gemm_quantized_batch(
+    backend: &dyn Backend,
+    pairs: &[(&Quantized, Rhs<'_>)],
+) -> Result<Vec<Vec<f32>>, Error> {
+    let mut outs: Vec<Vec<f32>> = pairs
+        .iter()
+        .map(|(a, b)| vec![0f32; a.rows() * b.n()])
+        .collect();
+    {
+        let mut items = Vec::with_capacity(pairs.len());
+        for ((a, b), c) in pairs.iter().zip(&mut outs) {
+            // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid
+            // for both; each view covers its own vector and is dropped before it is used as f32.
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) };
+            check_shapes(a, *b, out)?;
+            items.push(BatchItem { a, b: *b, out });
+        }
+        backend.gemm_i32_batch(&mut items)?;
+        for item in &items {
+            verify::audit_live(backend, item.a, item.b, item.out)?;
+        }
+    }
+    for ((a, b), c) in pairs.iter().zip(&mut outs) {
+        dequantize_in_place(c, a.scales(), b.scales());
+    }
+    Ok(outs)
 }
 
 /// [`gemm_quantized`] into a caller's buffer (`a.rows() × b.n()`), so a large output (the lm_head

@@ -9,13 +9,15 @@
 //! The query heads that share a kv head g run as one GEMM pair: their rows stacked into one A against
 //! the same K_g (and V_gᵀ). Rows quantize independently, so each cell is the one a GEMM per head gives,
 //! bit for bit; K_g and V_gᵀ are quantized once per group instead of once per head, and the K rows of
-//! the cache are kept quantized (a row's scale is its own, so appending is exact).
+//! the cache are kept quantized (a row's scale is its own, so appending is exact). The groups' products
+//! go to the backend as one batch of independent products (one round trip on a GPU) while their
+//! scores are small; each product's cells are the same either way.
 
 use rayon::prelude::*;
 
 use daisy_gemm_int8::Quantized;
 
-use crate::gemm::{ActRhs, Ctx, act_gemm_rhs, act_rhs, quantize_keys};
+use crate::gemm::{ActRhs, Ctx, act_gemm_batch, act_rhs, quantize_keys};
 use crate::ops::softmax_visible_rows;
 use crate::{Error, Result};
 
@@ -62,6 +64,9 @@ impl LayerCache {
 
 /// Softmax rows below this many elements in one call stay on the calling thread.
 const PARALLEL_SOFTMAX: usize = 1 << 15;
+
+/// Score cells (all kv-head groups) up to which one call's groups go to the backend as one batch.
+const BATCH_SCORE_CELLS: usize = 1 << 22;
 
 /// Score rows masked and softmaxed together (their sums advance together).
 const SOFTMAX_ROWS: usize = 8;
@@ -157,66 +162,111 @@ pub(crate) fn attention(
     let scale = libm::pow(hd as f64, -0.5) as f32;
     let group = num_heads / num_kv_heads;
     let rows = group * t;
-    let mut out = vec![0f32; t * q_cols];
-    for g in 0..num_kv_heads {
-        // A: the rows of every query head of this group, head after head.
-        let mut qg = Vec::with_capacity(rows * hd);
-        for h in g * group..(g + 1) * group {
-            for row in q.chunks_exact(q_cols) {
-                qg.extend_from_slice(&row[h * hd..(h + 1) * hd]);
+    // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.
+    let mask_softmax = |(c, chunk): (usize, &mut [f32])| {
+        let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
+        let count = chunk.len() / nk;
+        for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
+            let qpos = pos0 + (c * SOFTMAX_ROWS + j) % t;
+            let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+            *run = lo..(qpos + 1).min(nk);
+            for s in row.get_mut(run.clone()).unwrap_or_default() {
+                *s *= scale;
             }
         }
-        let what = || format!("attention scores of layer {layer} kv head {g}");
-        let keys = match cx.precision {
-            crate::Precision::Int8 | crate::Precision::Int8x2 => {
-                ActRhs::Int8(&cache.kq[g], cache.kq2.get(g))
+        softmax_visible_rows(chunk, nk, &runs[..count]);
+    };
+    // The kv-head groups whose products go to the backend together (one round trip per kind of
+    // product on a device): all of them while their scores stay small, else one at a time.
+    let batch = match rows * nk * num_kv_heads <= BATCH_SCORE_CELLS {
+        true => num_kv_heads,
+        false => 1,
+    };
+    let groups: Vec<usize> = (0..num_kv_heads).collect();
+    let mut out = vec![0f32; t * q_cols];
+    for gs in groups.chunks(batch) {
+        let named = |kind: &'static str| {
+            move || match gs {
+                [g] => format!("attention {kind} of layer {layer} kv head {g}"),
+                _ => format!(
+                    "attention {kind} of layer {layer} kv heads {}..={}",
+                    gs[0],
+                    gs[gs.len() - 1]
+                ),
             }
-            crate::Precision::F32 => ActRhs::F32 {
-                b: &cache.k[g],
-                n: nk,
-                k: hd,
-            },
         };
-        let mut scores = act_gemm_rhs(cx, &qg, rows, &keys, &what)?;
-        // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.
-        let mask_softmax = |(c, chunk): (usize, &mut [f32])| {
-            let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
-            let count = chunk.len() / nk;
-            for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
-                let qpos = pos0 + (c * SOFTMAX_ROWS + j) % t;
-                let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
-                *run = lo..(qpos + 1).min(nk);
-                for s in row.get_mut(run.clone()).unwrap_or_default() {
-                    *s *= scale;
+        // A: the rows of every query head of a group, head after head.
+        let qgs: Vec<Vec<f32>> = gs
+            .iter()
+            .map(|&g| {
+                let mut qg = Vec::with_capacity(rows * hd);
+                for h in g * group..(g + 1) * group {
+                    for row in q.chunks_exact(q_cols) {
+                        qg.extend_from_slice(&row[h * hd..(h + 1) * hd]);
+                    }
                 }
+                qg
+            })
+            .collect();
+        let keys: Vec<ActRhs<'_>> = gs
+            .iter()
+            .map(|&g| match cx.precision {
+                crate::Precision::Int8 | crate::Precision::Int8x2 => {
+                    ActRhs::Int8(&cache.kq[g], cache.kq2.get(g))
+                }
+                crate::Precision::F32 => ActRhs::F32 {
+                    b: &cache.k[g],
+                    n: nk,
+                    k: hd,
+                },
+            })
+            .collect();
+        let jobs: Vec<(&[f32], usize, &ActRhs<'_>)> = qgs
+            .iter()
+            .zip(&keys)
+            .map(|(a, b)| (a.as_slice(), rows, b))
+            .collect();
+        let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
+        for s in &mut scores {
+            if rows * nk >= PARALLEL_SOFTMAX {
+                s.par_chunks_mut(SOFTMAX_ROWS * nk)
+                    .enumerate()
+                    .for_each(mask_softmax);
+            } else {
+                s.chunks_mut(SOFTMAX_ROWS * nk)
+                    .enumerate()
+                    .for_each(mask_softmax);
             }
-            softmax_visible_rows(chunk, nk, &runs[..count]);
-        };
-        if rows * nk >= PARALLEL_SOFTMAX {
-            scores
-                .par_chunks_mut(SOFTMAX_ROWS * nk)
-                .enumerate()
-                .for_each(mask_softmax);
-        } else {
-            scores
-                .chunks_mut(SOFTMAX_ROWS * nk)
-                .enumerate()
-                .for_each(mask_softmax);
         }
         // V_gᵀ: one row per value channel over every key present.
-        let mut vt = vec![0f32; hd * nk];
-        for (j, row) in cache.v[g].chunks_exact(hd).enumerate() {
-            for (c, x) in row.iter().enumerate() {
-                vt[c * nk + j] = *x;
-            }
-        }
-        let what = || format!("attention values of layer {layer} kv head {g}");
-        let values = act_rhs(cx, &vt, hd, nk, &what)?;
-        let o = act_gemm_rhs(cx, &scores, rows, &values, &what)?;
-        for (hi, head) in o.chunks_exact(t * hd).enumerate() {
-            let h = g * group + hi;
-            for (r, row) in head.chunks_exact(hd).enumerate() {
-                out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+        let vts: Vec<Vec<f32>> = gs
+            .iter()
+            .map(|&g| {
+                let mut vt = vec![0f32; hd * nk];
+                for (j, row) in cache.v[g].chunks_exact(hd).enumerate() {
+                    for (c, x) in row.iter().enumerate() {
+                        vt[c * nk + j] = *x;
+                    }
+                }
+                vt
+            })
+            .collect();
+        let values: Vec<ActRhs<'_>> = vts
+            .iter()
+            .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
+            .collect::<Result<_>>()?;
+        let jobs: Vec<(&[f32], usize, &ActRhs<'_>)> = scores
+            .iter()
+            .zip(&values)
+            .map(|(a, b)| (a.as_slice(), rows, b))
+            .collect();
+        let outs = act_gemm_batch(cx, &jobs, &named("values"))?;
+        for (&g, o) in gs.iter().zip(&outs) {
+            for (hi, head) in o.chunks_exact(t * hd).enumerate() {
+                let h = g * group + hi;
+                for (r, row) in head.chunks_exact(hd).enumerate() {
+                    out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+                }
             }
         }
     }

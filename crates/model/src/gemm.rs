@@ -6,7 +6,8 @@
 //! each product from three products through the same unit.
 
 use daisy_gemm_int8::{
-    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, quantize_residual, quantize_rows,
+    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
+    quantize_residual, quantize_rows,
 };
 
 use crate::ops::matmul_f32;
@@ -414,4 +415,43 @@ pub(crate) fn act_gemm_rhs(
     let a = planes(cx.precision, a, t, b1.k()).map_err(|e| gemm_err(what, e))?;
     product(cx.backend, a, Rhs::Activation(b1), b2.map(Rhs::Activation))
         .map_err(|e| gemm_err(what, e))
+}
+
+/// [`act_gemm_rhs`] for several independent products (the kv-head groups of one attention call):
+/// at int8 they go to the backend as one batch (one round trip on a device); the cells are those of
+/// each product alone.
+pub(crate) fn act_gemm_batch(
+    cx: Ctx<'_>,
+    jobs: &[(&[f32], usize, &ActRhs<'_>)],
+    what: &dyn Fn() -> String,
+) -> Result<Vec<Vec<f32>>> {
+    let single: Option<Vec<&Quantized>> = match cx.precision {
+        Precision::Int8 => jobs
+            .iter()
+            .map(|(_, _, b)| match b {
+                ActRhs::Int8Owned((b1, None)) => Some(b1),
+                ActRhs::Int8(b1, None) => Some(*b1),
+                _ => None,
+            })
+            .collect(),
+        Precision::F32 | Precision::Int8x2 => None,
+    };
+    let Some(bs) = single.filter(|bs| bs.len() > 1) else {
+        return jobs
+            .iter()
+            .map(|(a, t, b)| act_gemm_rhs(cx, a, *t, b, what))
+            .collect();
+    };
+    let quantized: Vec<Quantized> = jobs
+        .iter()
+        .zip(&bs)
+        .map(|((a, t, _), b)| quantize_rows(a, *t, b.k()))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| gemm_err(what, e))?;
+    let pairs: Vec<(&Quantized, Rhs<'_>)> = quantized
+        .iter()
+        .zip(&bs)
+        .map(|(a, b)| (a, Rhs::Activation(b)))
+        .collect();
+    gemm_quantized_batch(cx.backend, &pairs).map_err(|e| gemm_err(what, e))
 }

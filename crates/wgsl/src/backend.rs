@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use daisy_gemm_int8::{Backend, CpuBackend, PackedWeights, Quantized, Rhs};
+use daisy_gemm_int8::{Backend, BatchItem, CpuBackend, PackedWeights, Quantized, Rhs};
 
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gates;
-use crate::kernel::{self, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch};
+use crate::kernel::{self, DeviceJob, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch};
 use crate::profile::{GpuProfile, Profile};
 
 /// The largest K whose i32 accumulation is exact: 127² · 131071 < 2³¹ (DESIGN §3.1).
@@ -170,15 +170,18 @@ impl GpuBackend {
         check_len("a", a.len(), t, w.k)?;
         check_k(w.k)?;
         let packed = kernel::pack_rows(a, t, w.k);
+        let job = DeviceJob {
+            a_packed: &packed,
+            t,
+            rhs: DeviceRhs::Resident(w),
+            k: w.k,
+        };
         let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
         kernel::kernel_seconds(
             &self.gpu,
             &self.pipeline,
             &mut scratch,
-            &packed,
-            t,
-            &DeviceRhs::Resident(w),
-            w.k,
+            &job,
             self.gemv_rows,
             reps,
         )
@@ -271,7 +274,7 @@ impl GpuBackend {
         if w.backend != self.id {
             return Err(Error::ForeignWeights { id: w.id });
         }
-        self.run(a, t, &DeviceRhs::Resident(w), w.n, w.k, out)
+        self.run(a, t, DeviceRhs::Resident(w), w.n, w.k, out)
     }
 
     /// The same GEMM with B given per call (an activation operand: attention's K rows or Vᵀ rows).
@@ -302,7 +305,7 @@ impl GpuBackend {
                 limit: self.gpu.max_binding,
             });
         }
-        self.run(a, t, &DeviceRhs::Packed { bytes: &packed, n }, n, k, out)
+        self.run(a, t, DeviceRhs::Packed { bytes: &packed, n }, n, k, out)
     }
 
     /// Checks shapes, splits A into calls that fit one binding, and dispatches each.
@@ -310,7 +313,7 @@ impl GpuBackend {
         &self,
         a: &[i8],
         t: usize,
-        rhs: &DeviceRhs<'_>,
+        rhs: DeviceRhs<'_>,
         n: usize,
         k: usize,
         out: &mut [i32],
@@ -328,15 +331,7 @@ impl GpuBackend {
             out.fill(0);
             return Ok(());
         }
-        let row_bytes = (n * 4).max(kernel::row_bytes(k)) as u64;
-        let rows_per_call = (self.gpu.max_binding / row_bytes) as usize;
-        if rows_per_call == 0 {
-            return Err(Error::TooLarge {
-                what: "one output row",
-                bytes: row_bytes,
-                limit: self.gpu.max_binding,
-            });
-        }
+        let rows_per_call = self.rows_per_call(n, k)?;
         let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
         for (chunk, part) in a
             .chunks(rows_per_call * k)
@@ -344,18 +339,112 @@ impl GpuBackend {
         {
             let rows = chunk.len() / k;
             let packed = kernel::pack_rows(chunk, rows, k);
+            let rhs = match &rhs {
+                DeviceRhs::Resident(w) => DeviceRhs::Resident(w),
+                DeviceRhs::Packed { bytes, n } => DeviceRhs::Packed { bytes, n: *n },
+            };
+            let job = DeviceJob {
+                a_packed: &packed,
+                t: rows,
+                rhs,
+                k,
+            };
             kernel::dispatch(
                 &self.gpu,
                 &self.pipeline,
                 &mut scratch,
                 &self.profile,
-                &packed,
-                rows,
-                rhs,
-                k,
+                std::slice::from_ref(&job),
                 self.gemv_rows,
-                part,
+                &mut [part],
             )?;
+        }
+        Ok(())
+    }
+
+    /// The most rows of A one dispatch takes: A's rows and the output's each fit one binding.
+    fn rows_per_call(&self, n: usize, k: usize) -> Result<usize> {
+        let row_bytes = (n * 4).max(kernel::row_bytes(k)) as u64;
+        match (self.gpu.max_binding / row_bytes) as usize {
+            0 => Err(Error::TooLarge {
+                what: "one output row",
+                bytes: row_bytes,
+                limit: self.gpu.max_binding,
+            }),
+            rows => Ok(rows),
+        }
+    }
+
+    /// Independent products in one submission (one round trip): each item's accumulators as
+    /// [`GpuBackend::gemm_i8_resident_into`] or [`GpuBackend::gemm_i8_into`] gives them. Items too
+    /// large for one dispatch, or empty, run on their own.
+    fn run_batch(&self, items: &mut [BatchItem<'_>]) -> Result<()> {
+        let mut alone = Vec::new();
+        let mut weights = Vec::new();
+        let mut packed_b = Vec::new();
+        let mut together = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let (n, k, t) = (item.b.n(), item.b.k(), item.a.rows());
+            check_k(k)?;
+            let fits = t > 0
+                && n > 0
+                && k > 0
+                && t <= self.rows_per_call(n, k)?
+                && (n * kernel::row_bytes(k)) as u64 <= self.gpu.max_binding;
+            if !fits {
+                alone.push(i);
+                continue;
+            }
+            match item.b {
+                Rhs::Weights(w) => weights.push(Some(self.weights_for(w)?)),
+                Rhs::Activation(_) => weights.push(None),
+            }
+            packed_b.push(match item.b {
+                Rhs::Weights(_) => Vec::new(),
+                Rhs::Activation(q) => kernel::pack_rows(q.q(), q.rows(), q.k()),
+            });
+            together.push((i, kernel::pack_rows(item.a.q(), t, k)));
+        }
+        if !together.is_empty() {
+            let jobs: Vec<DeviceJob<'_>> = together
+                .iter()
+                .zip(&weights)
+                .zip(&packed_b)
+                .map(|(((i, a_packed), w), b)| DeviceJob {
+                    a_packed,
+                    t: items[*i].a.rows(),
+                    rhs: match w {
+                        Some(w) => DeviceRhs::Resident(w),
+                        None => DeviceRhs::Packed {
+                            bytes: b,
+                            n: items[*i].b.n(),
+                        },
+                    },
+                    k: items[*i].b.k(),
+                })
+                .collect();
+            let mut outs: Vec<&mut [i32]> = Vec::with_capacity(jobs.len());
+            let mut next = together.iter().map(|(i, _)| *i).peekable();
+            for (i, item) in items.iter_mut().enumerate() {
+                if next.peek() == Some(&i) {
+                    next.next();
+                    outs.push(&mut *item.out);
+                }
+            }
+            let mut scratch = self.scratch.lock().unwrap_or_else(PoisonError::into_inner);
+            kernel::dispatch(
+                &self.gpu,
+                &self.pipeline,
+                &mut scratch,
+                &self.profile,
+                &jobs,
+                self.gemv_rows,
+                &mut outs,
+            )?;
+        }
+        for i in alone {
+            let item = &mut items[i];
+            self.gemm_rhs(item.a, item.b, item.out)?;
         }
         Ok(())
     }
@@ -416,6 +505,29 @@ impl GpuBackend {
 impl Backend for GpuBackend {
     fn name(&self) -> String {
         format!("wgpu:{}", self.adapter_name())
+    }
+
+    fn gemm_i32_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), daisy_gemm_int8::Error> {
+        let mut on_gpu = Vec::with_capacity(items.len());
+        for item in items.iter_mut() {
+            daisy_gemm_int8::check_shapes(item.a, item.b, item.out)?;
+            if item.a.rows() * item.b.n() * item.b.k() < self.cpu_below {
+                let start = Instant::now();
+                self.cpu.gemm_i32(item.a, item.b, item.out)?;
+                self.profile.add_cpu(start.elapsed());
+            } else {
+                on_gpu.push(BatchItem {
+                    a: item.a,
+                    b: item.b,
+                    out: &mut *item.out,
+                });
+            }
+        }
+        self.run_batch(&mut on_gpu)
+            .map_err(|e| daisy_gemm_int8::Error::Backend {
+                backend: self.name(),
+                message: e.to_string(),
+            })
     }
 
     fn profile(&self) -> Option<String> {

@@ -166,20 +166,39 @@ struct ScratchBufs {
     b: wgpu::Buffer,
     out: wgpu::Buffer,
     readback: wgpu::Buffer,
-    a_cap: u64,
-    b_cap: u64,
-    out_cap: u64,
+    caps: Sizes,
+}
+
+/// Bytes of each scratch buffer (dims, a, b, out) a submission needs, or has.
+#[derive(Clone, Copy, Default)]
+struct Sizes {
+    dims: u64,
+    a: u64,
+    b: u64,
+    out: u64,
+}
+
+impl Sizes {
+    fn fits(&self, need: &Sizes) -> bool {
+        self.dims >= need.dims && self.a >= need.a && self.b >= need.b && self.out >= need.out
+    }
+
+    fn max(&self, other: &Sizes) -> Sizes {
+        Sizes {
+            dims: self.dims.max(other.dims).max(16),
+            a: self.a.max(other.a).max(16),
+            b: self.b.max(other.b).max(16),
+            out: self.out.max(other.out).max(16),
+        }
+    }
 }
 
 impl Scratch {
-    fn ensure(&mut self, gpu: &Gpu, a_bytes: u64, b_bytes: u64, out_bytes: u64) -> &ScratchBufs {
+    fn ensure(&mut self, gpu: &Gpu, need: &Sizes) -> &ScratchBufs {
         let bufs = match self.bufs.take() {
-            Some(b) if b.a_cap >= a_bytes && b.b_cap >= b_bytes && b.out_cap >= out_bytes => b,
+            Some(b) if b.caps.fits(need) => b,
             old => {
-                let grow = |need: u64, had: Option<u64>| need.max(had.unwrap_or(0)).max(16);
-                let a_cap = grow(a_bytes, old.as_ref().map(|b| b.a_cap));
-                let b_cap = grow(b_bytes, old.as_ref().map(|b| b.b_cap));
-                let out_cap = grow(out_bytes, old.as_ref().map(|b| b.out_cap));
+                let caps = old.as_ref().map(|b| b.caps).unwrap_or_default().max(need);
                 let buffer = |label, size, usage| {
                     gpu.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some(label),
@@ -190,14 +209,12 @@ impl Scratch {
                 };
                 use wgpu::BufferUsages as U;
                 ScratchBufs {
-                    dims: buffer("dims", 16, U::UNIFORM | U::COPY_DST),
-                    a: buffer("a", a_cap, U::STORAGE | U::COPY_DST),
-                    b: buffer("b", b_cap, U::STORAGE | U::COPY_DST),
-                    out: buffer("out", out_cap, U::STORAGE | U::COPY_SRC),
-                    readback: buffer("readback", out_cap, U::MAP_READ | U::COPY_DST),
-                    a_cap,
-                    b_cap,
-                    out_cap,
+                    dims: buffer("dims", caps.dims, U::UNIFORM | U::COPY_DST),
+                    a: buffer("a", caps.a, U::STORAGE | U::COPY_DST),
+                    b: buffer("b", caps.b, U::STORAGE | U::COPY_DST),
+                    out: buffer("out", caps.out, U::STORAGE | U::COPY_SRC),
+                    readback: buffer("readback", caps.out, U::MAP_READ | U::COPY_DST),
+                    caps,
                 }
             }
         };
@@ -205,12 +222,17 @@ impl Scratch {
     }
 }
 
-fn binding(binding: u32, buffer: &wgpu::Buffer, size: u64) -> wgpu::BindGroupEntry<'_> {
+fn binding(
+    binding: u32,
+    buffer: &wgpu::Buffer,
+    offset: u64,
+    size: u64,
+) -> wgpu::BindGroupEntry<'_> {
     wgpu::BindGroupEntry {
         binding,
         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer,
-            offset: 0,
+            offset,
             size: std::num::NonZeroU64::new(size),
         }),
     }
@@ -226,6 +248,110 @@ pub(crate) enum DeviceRhs<'a> {
     },
 }
 
+impl DeviceRhs<'_> {
+    fn n(&self) -> usize {
+        match self {
+            DeviceRhs::Resident(w) => w.n,
+            DeviceRhs::Packed { n, .. } => *n,
+        }
+    }
+
+    /// Bytes written to the device for this call.
+    fn upload(&self) -> u64 {
+        match self {
+            DeviceRhs::Resident(_) => 0,
+            DeviceRhs::Packed { bytes, .. } => bytes.len() as u64,
+        }
+    }
+}
+
+/// One GEMM of a submission: `t` rows of A packed to [`row_bytes`]`(k)`, against `rhs`.
+pub(crate) struct DeviceJob<'a> {
+    pub(crate) a_packed: &'a [u8],
+    pub(crate) t: usize,
+    pub(crate) rhs: DeviceRhs<'a>,
+    pub(crate) k: usize,
+}
+
+/// Offsets of one job's dims, A, B and accumulators inside the scratch buffers.
+#[derive(Clone, Copy)]
+struct Placed {
+    dims: u64,
+    a: u64,
+    b: u64,
+    out: u64,
+    out_bytes: u64,
+}
+
+/// Offsets in a buffer shared by several bindings: WebGPU's largest offset alignment.
+const OFFSET_ALIGN: u64 = 256;
+
+fn align(x: u64) -> u64 {
+    x.next_multiple_of(OFFSET_ALIGN)
+}
+
+/// Lays the jobs out in the scratch buffers; returns each one's offsets and the sizes needed.
+fn place(jobs: &[DeviceJob<'_>]) -> (Vec<Placed>, Sizes) {
+    let mut at = Sizes::default();
+    let placed = jobs
+        .iter()
+        .map(|job| {
+            let out_bytes = (job.t * job.rhs.n() * 4) as u64;
+            let p = Placed {
+                dims: at.dims,
+                a: at.a,
+                b: at.b,
+                out: at.out,
+                out_bytes,
+            };
+            at.dims += OFFSET_ALIGN;
+            at.a = align(at.a + job.a_packed.len() as u64);
+            at.b = align(at.b + job.rhs.upload());
+            at.out = align(at.out + out_bytes);
+            p
+        })
+        .collect();
+    (placed, at)
+}
+
+/// Writes the jobs' operands into the queue and makes their bind groups.
+fn prepare(
+    gpu: &Gpu,
+    pipeline: &Pipeline,
+    bufs: &ScratchBufs,
+    jobs: &[DeviceJob<'_>],
+    placed: &[Placed],
+) -> Vec<wgpu::BindGroup> {
+    jobs.iter()
+        .zip(placed)
+        .map(|(job, p)| {
+            let stride = row_bytes(job.k);
+            let n = job.rhs.n();
+            let dims = [job.t as u32, n as u32, (stride / 16) as u32, 0u32];
+            gpu.queue
+                .write_buffer(&bufs.dims, p.dims, bytemuck::cast_slice(&dims));
+            gpu.queue.write_buffer(&bufs.a, p.a, job.a_packed);
+            let (b, b_offset, b_bytes) = match &job.rhs {
+                DeviceRhs::Resident(w) => (&w.buffer, 0, (w.n * stride) as u64),
+                DeviceRhs::Packed { bytes, .. } => {
+                    gpu.queue.write_buffer(&bufs.b, p.b, bytes);
+                    (&bufs.b, p.b, bytes.len() as u64)
+                }
+            };
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("gemm-int8"),
+                layout: &pipeline.layout,
+                entries: &[
+                    binding(0, &bufs.dims, p.dims, 16),
+                    binding(1, &bufs.a, p.a, job.a_packed.len() as u64),
+                    binding(2, b, b_offset, b_bytes),
+                    binding(3, &bufs.out, p.out, p.out_bytes),
+                ],
+            })
+        })
+        .collect()
+}
+
 /// Workgroup counts of a dispatch of `groups` workgroups in one line, folded into a second
 /// dimension past the per-dimension limit (`gemv` recovers the line index from both).
 fn fold(groups: usize) -> (u32, u32) {
@@ -233,56 +359,9 @@ fn fold(groups: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
-/// The buffers and bind group of one dispatch, its operands written into the queue.
-struct Prepared {
-    bind_group: wgpu::BindGroup,
-    out_bytes: u64,
-    b_upload: u64,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    gpu: &Gpu,
-    pipeline: &Pipeline,
-    scratch: &mut Scratch,
-    a_packed: &[u8],
-    t: usize,
-    rhs: &DeviceRhs<'_>,
-    k: usize,
-) -> Prepared {
-    let stride = row_bytes(k);
-    let (n, b_upload) = match rhs {
-        DeviceRhs::Resident(w) => (w.n, 0),
-        DeviceRhs::Packed { bytes, n } => (*n, bytes.len() as u64),
-    };
-    let out_bytes = (t * n * 4) as u64;
-    let bufs = scratch.ensure(gpu, a_packed.len() as u64, b_upload, out_bytes);
-    let dims = [t as u32, n as u32, (stride / 16) as u32, 0u32];
-    gpu.queue
-        .write_buffer(&bufs.dims, 0, bytemuck::cast_slice(&dims));
-    gpu.queue.write_buffer(&bufs.a, 0, a_packed);
-    let (b, b_bytes) = match rhs {
-        DeviceRhs::Resident(w) => (&w.buffer, (w.n * stride) as u64),
-        DeviceRhs::Packed { bytes, .. } => {
-            gpu.queue.write_buffer(&bufs.b, 0, bytes);
-            (&bufs.b, bytes.len() as u64)
-        }
-    };
-    let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("gemm-int8"),
-        layout: &pipeline.layout,
-        entries: &[
-            binding(0, &bufs.dims, 16),
-            binding(1, &bufs.a, a_packed.len() as u64),
-            binding(2, b, b_bytes),
-            binding(3, &bufs.out, out_bytes),
-        ],
-    });
-    Prepared {
-        bind_group,
-        out_bytes,
-        b_upload,
-    }
+/// Whether `gemv` runs a product of `t` rows.
+fn uses_gemv(t: usize, gemv_rows: usize) -> bool {
+    t <= gemv_rows.min(GEMV_MAX_T)
 }
 
 /// Records `reps` dispatches of one GEMM (`gemv` up to `gemv_rows` rows of A) into a pass.
@@ -296,7 +375,7 @@ fn record(
     reps: usize,
 ) {
     pass.set_bind_group(0, bind_group, &[]);
-    let (entry, (x, y)) = if t <= gemv_rows.min(GEMV_MAX_T) {
+    let (entry, (x, y)) = if uses_gemv(t, gemv_rows) {
         (&pipeline.gemv, fold(n.div_ceil(GEMV_COLS)))
     } else {
         (
@@ -310,27 +389,23 @@ fn record(
     }
 }
 
-/// Runs one GEMM: `a_packed` is `t` rows of [`row_bytes`]`(k)`, `rhs` holds `n` rows of the same;
-/// `gemv` runs it when `t <= gemv_rows` (at most [`GEMV_MAX_T`]). Writes the `t x n` i32
-/// accumulators, row-major, into `out`.
-#[allow(clippy::too_many_arguments)]
+/// Runs the jobs in one submission with one read-back: job i's `t x n` i32 accumulators,
+/// row-major, go into `outs[i]`; `gemv` runs a job when `t <= gemv_rows` (at most [`GEMV_MAX_T`]).
+/// Every job must have rows and columns; a job's operands must each fit one binding (the caller
+/// splits larger ones).
 pub(crate) fn dispatch(
     gpu: &Gpu,
     pipeline: &Pipeline,
     scratch: &mut Scratch,
     profile: &Profile,
-    a_packed: &[u8],
-    t: usize,
-    rhs: &DeviceRhs<'_>,
-    k: usize,
+    jobs: &[DeviceJob<'_>],
     gemv_rows: usize,
-    out: &mut [i32],
+    outs: &mut [&mut [i32]],
 ) -> Result<()> {
     let start = Instant::now();
-    let n = out.len() / t.max(1);
-    let prepared = prepare(gpu, pipeline, scratch, a_packed, t, rhs, k);
-    let out_bytes = prepared.out_bytes;
-    let bufs = scratch.bufs.as_ref().expect("prepare made the buffers");
+    let (placed, need) = place(jobs);
+    let bufs = scratch.ensure(gpu, &need);
+    let groups = prepare(gpu, pipeline, bufs, jobs, &placed);
     let mut encoder = gpu
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -341,21 +416,16 @@ pub(crate) fn dispatch(
             label: Some("gemm"),
             timestamp_writes: None,
         });
-        record(
-            &mut pass,
-            pipeline,
-            &prepared.bind_group,
-            t,
-            n,
-            gemv_rows,
-            1,
-        );
+        for (job, group) in jobs.iter().zip(&groups) {
+            record(&mut pass, pipeline, group, job.t, job.rhs.n(), gemv_rows, 1);
+        }
     }
-    encoder.copy_buffer_to_buffer(&bufs.out, 0, &bufs.readback, 0, out_bytes);
+    let total_out = need.out;
+    encoder.copy_buffer_to_buffer(&bufs.out, 0, &bufs.readback, 0, total_out);
     let submission = gpu.queue.submit([encoder.finish()]);
     let submitted = Instant::now();
 
-    let slice = bufs.readback.slice(0..out_bytes);
+    let slice = bufs.readback.slice(0..total_out);
     let (tx, rx) = mpsc::channel();
     slice.map_async(wgpu::MapMode::Read, move |r| {
         // The receiver waits below; a send can only fail if it is gone, and then nobody cares.
@@ -380,20 +450,29 @@ pub(crate) fn dispatch(
         let view = slice
             .get_mapped_range()
             .map_err(|e| readback_err(e.to_string()))?;
-        match bytemuck::try_cast_slice::<u8, i32>(&view) {
-            Ok(acc) => out.copy_from_slice(acc),
-            Err(_) => {
-                for (o, c) in out.iter_mut().zip(view.chunks_exact(4)) {
-                    *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        for (p, out) in placed.iter().zip(outs.iter_mut()) {
+            let bytes = &view[p.out as usize..(p.out + p.out_bytes) as usize];
+            match bytemuck::try_cast_slice::<u8, i32>(bytes) {
+                Ok(acc) => out.copy_from_slice(acc),
+                Err(_) => {
+                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                        *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                    }
                 }
             }
         }
     }
     bufs.readback.unmap();
+    let up: u64 = jobs
+        .iter()
+        .map(|j| j.a_packed.len() as u64 + j.rhs.upload())
+        .sum();
+    let gemv = jobs.iter().filter(|j| uses_gemv(j.t, gemv_rows)).count();
     profile.add(
-        t <= gemv_rows.min(GEMV_MAX_T),
-        (a_packed.len() as u64) + prepared.b_upload,
-        out_bytes,
+        jobs.len(),
+        gemv,
+        up,
+        placed.iter().map(|p| p.out_bytes).sum(),
         [submitted - start, done - submitted, done.elapsed()],
     );
     Ok(())
@@ -401,23 +480,18 @@ pub(crate) fn dispatch(
 
 /// Seconds of one kernel run alone: `reps` dispatches of the same GEMM recorded in one pass,
 /// submitted once and waited for, divided by `reps` (no upload or read-back inside the timing).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn kernel_seconds(
     gpu: &Gpu,
     pipeline: &Pipeline,
     scratch: &mut Scratch,
-    a_packed: &[u8],
-    t: usize,
-    rhs: &DeviceRhs<'_>,
-    k: usize,
+    job: &DeviceJob<'_>,
     gemv_rows: usize,
     reps: usize,
 ) -> Result<f64> {
-    let n = match rhs {
-        DeviceRhs::Resident(w) => w.n,
-        DeviceRhs::Packed { n, .. } => *n,
-    };
-    let prepared = prepare(gpu, pipeline, scratch, a_packed, t, rhs, k);
+    let jobs = std::slice::from_ref(job);
+    let (placed, need) = place(jobs);
+    let bufs = scratch.ensure(gpu, &need);
+    let groups = prepare(gpu, pipeline, bufs, jobs, &placed);
     let wait = |submission| {
         gpu.device
             .poll(wgpu::PollType::Wait {
@@ -443,9 +517,9 @@ pub(crate) fn kernel_seconds(
             record(
                 &mut pass,
                 pipeline,
-                &prepared.bind_group,
-                t,
-                n,
+                &groups[0],
+                job.t,
+                job.rhs.n(),
                 gemv_rows,
                 reps,
             );

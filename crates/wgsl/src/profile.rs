@@ -1,6 +1,6 @@
-//! Where a GPU backend's time goes: per dispatch, the host's part up to the submission (packing
-//! is the caller's; here: writing A (and an activation B) into the queue, the bind group, the
-//! command buffer, the submission), the wait for the GPU (kernel and copy to the read-back buffer),
+//! Where a GPU backend's time goes: per submission (one or several dispatches), the host's part up
+//! to the submission (writing A (and an activation B) into the queue, the bind groups, the command
+//! buffer, the submission), the wait for the GPU (kernel and copy to the read-back buffer),
 //! and the read-back (mapping and copying the accumulators out). Counters only; no effect on results.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +9,7 @@ use std::time::Duration;
 /// Running totals of one backend's dispatches.
 #[derive(Default, Debug)]
 pub(crate) struct Profile {
+    submissions: AtomicU64,
     gemv: AtomicU64,
     tiled: AtomicU64,
     on_cpu: AtomicU64,
@@ -25,11 +26,13 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl Profile {
-    /// One dispatch (of `gemv` or not): bytes sent and read back, and its [submit, wait,
-    /// read-back] times.
-    pub(crate) fn add(&self, gemv: bool, up: u64, down: u64, times: [Duration; 3]) {
-        let calls = if gemv { &self.gemv } else { &self.tiled };
-        calls.fetch_add(1, Ordering::Relaxed);
+    /// One submission of `jobs` dispatches (`gemv` of them `gemv`): bytes sent and read back, and
+    /// its [submit, wait, read-back] times.
+    pub(crate) fn add(&self, jobs: usize, gemv: usize, up: u64, down: u64, times: [Duration; 3]) {
+        self.submissions.fetch_add(1, Ordering::Relaxed);
+        self.gemv.fetch_add(gemv as u64, Ordering::Relaxed);
+        self.tiled
+            .fetch_add((jobs - gemv) as u64, Ordering::Relaxed);
         self.bytes_up.fetch_add(up, Ordering::Relaxed);
         self.bytes_down.fetch_add(down, Ordering::Relaxed);
         self.submit_ns.fetch_add(nanos(times[0]), Ordering::Relaxed);
@@ -48,6 +51,7 @@ impl Profile {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let secs = |c: &AtomicU64| get(c) as f64 / 1e9;
         GpuProfile {
+            submissions: get(&self.submissions),
             gemv_dispatches: get(&self.gemv),
             tiled_dispatches: get(&self.tiled),
             cpu_products: get(&self.on_cpu),
@@ -62,6 +66,7 @@ impl Profile {
 
     pub(crate) fn reset(&self) {
         for c in [
+            &self.submissions,
             &self.gemv,
             &self.tiled,
             &self.on_cpu,
@@ -80,6 +85,8 @@ impl Profile {
 /// A copy of a backend's counters since it was made or last reset.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuProfile {
+    /// Submissions, each one round trip (several dispatches where products were batched).
+    pub submissions: u64,
     /// Dispatches of the `gemv` entry point.
     pub gemv_dispatches: u64,
     /// Dispatches of the `tiled` entry point.
@@ -90,7 +97,7 @@ pub struct GpuProfile {
     pub bytes_up: u64,
     /// Bytes of accumulators read back.
     pub bytes_down: u64,
-    /// Seconds from a dispatch's start to its submission (queue writes, bind group, encoding).
+    /// Seconds from a submission's start to its submission (queue writes, bind groups, encoding).
     pub submit_s: f64,
     /// Seconds waiting for the GPU (kernel and the copy to the read-back buffer).
     pub wait_s: f64,
@@ -109,26 +116,24 @@ impl GpuProfile {
 
 impl std::fmt::Display for GpuProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let per = |s: f64| {
-            let n = self.dispatches().max(1) as f64;
-            s * 1e6 / n
-        };
+        let per = |s: f64| s * 1e6 / self.submissions.max(1) as f64;
         write!(
             f,
-            "{} dispatches ({} gemv, {} tiled), {} products on the CPU ({:.3} s); \
-             submit {:.3} s ({:.0} µs each), wait {:.3} s ({:.0} µs), read-back {:.3} s ({:.0} µs); \
-             {:.1} MB up, {:.1} MB down",
+            "{} submissions of {} dispatches ({} gemv, {} tiled), {} products on the CPU ({:.3} s); \
+             per submission: submit {:.0} µs, wait {:.0} µs, read-back {:.0} µs \
+             ({:.3} s, {:.3} s, {:.3} s in all); {:.1} MB up, {:.1} MB down",
+            self.submissions,
             self.dispatches(),
             self.gemv_dispatches,
             self.tiled_dispatches,
             self.cpu_products,
             self.cpu_s,
-            self.submit_s,
             per(self.submit_s),
-            self.wait_s,
             per(self.wait_s),
-            self.readback_s,
             per(self.readback_s),
+            self.submit_s,
+            self.wait_s,
+            self.readback_s,
             self.bytes_up as f64 / 1e6,
             self.bytes_down as f64 / 1e6,
         )

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use daisy_gemm_int8::{
-    Backend, CpuBackend, PackedWeights, Quantized, Rhs, exact_gates, gemm, probe, quantize_rows,
-    reference_i32, seeded_matrix,
+    Backend, BatchItem, CpuBackend, PackedWeights, Quantized, Rhs, exact_gates, gemm, probe,
+    quantize_rows, reference_i32, seeded_matrix,
 };
 use daisy_wgsl::{
     BackendChoice, DOT4_PACKED_WGSL, Error, GEMM_WGSL, GpuBackend, Kernel, LayerResidency,
@@ -89,6 +89,61 @@ fn both_dot4_variants_equal_the_scalar_reference_on_the_table() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn a_batch_is_one_submission_and_equals_each_product_alone() {
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
+    // (t, n, k): `gemv` and `tiled` rows, weights and activations, K not a multiple of 64.
+    let shapes = [
+        (1, 64, 70),
+        (16, 33, 129),
+        (40, 200, 576),
+        (3, 7, 5),
+        (129, 130, 65),
+    ];
+    let qa: Vec<Quantized> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, _, k))| seeded_q(500 + i as u64, t, k))
+        .collect();
+    let qb: Vec<Quantized> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, n, k))| seeded_q(600 + i as u64, n, k))
+        .collect();
+    let packed: Vec<PackedWeights> = qb.iter().map(PackedWeights::from_quantized).collect();
+    let rhs: Vec<Rhs<'_>> = (0..shapes.len())
+        .map(|i| match i % 2 {
+            0 => Rhs::Weights(&packed[i]),
+            _ => Rhs::Activation(&qb[i]),
+        })
+        .collect();
+    let mut outs: Vec<Vec<i32>> = shapes.iter().map(|&(t, n, _)| vec![0; t * n]).collect();
+    // Upload the weights first, so that the batch below is the only submission counted.
+    for r in &rhs {
+        if let Rhs::Weights(w) = r {
+            gpu.weights_for(w).unwrap();
+        }
+    }
+    gpu.reset_profile();
+    let mut items: Vec<BatchItem<'_>> = qa
+        .iter()
+        .zip(&rhs)
+        .zip(&mut outs)
+        .map(|((a, b), out)| BatchItem { a, b: *b, out })
+        .collect();
+    gpu.gemm_i32_batch(&mut items).unwrap();
+    let profile = gpu.profile();
+    assert_eq!(profile.submissions, 1, "{profile}");
+    assert_eq!(profile.dispatches(), shapes.len() as u64, "{profile}");
+    for (i, out) in outs.iter().enumerate() {
+        let mut expected = vec![0; out.len()];
+        reference_i32(&qa[i], Rhs::Activation(&qb[i]), &mut expected).unwrap();
+        assert!(*out == expected, "batch item {i} {:?} differs", shapes[i]);
     }
 }
 
