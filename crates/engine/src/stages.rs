@@ -136,6 +136,9 @@ pub fn load_stage(
     )
     .context(|| format!("loading stage {index} (layers {:?})", span.layers))?;
     stage.set_backend(backend.clone());
+    stage
+        .keep_resident()
+        .context(|| format!("stage {index}: weights onto {}", backend.name()))?;
     Ok(stage)
 }
 

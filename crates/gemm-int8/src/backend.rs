@@ -86,6 +86,12 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// These weights take part in every pass from now on: a device backend copies them to the
+    /// device now (at load) instead of at their first product. The CPU keeps them where they are.
+    fn keep_resident(&self, _w: &crate::PackedWeights) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// One line on where this backend's time went so far (a device's dispatches, waits and
     /// copies), for reports; `None` where there is nothing beyond the computing itself.
     fn profile(&self) -> Option<String> {

@@ -63,6 +63,14 @@ impl Block {
         }
     }
 
+    /// The block's products' weights.
+    pub(crate) fn linears(&self) -> [&Linear; 4] {
+        match self {
+            Block::Llama(b) => [&b.qkv, &b.o, &b.gate_up, &b.down],
+            Block::Gpt2(b) => [&b.c_attn, &b.c_proj, &b.fc, &b.proj],
+        }
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         match self {
             Block::Llama(b) => {

@@ -303,6 +303,15 @@ impl Linear {
         Ok(Self { weight, n, k, bias })
     }
 
+    /// The int8 planes of the weight (none at f32).
+    pub(crate) fn planes(&self) -> Vec<&PackedWeights> {
+        match &self.weight {
+            Weight::F32(_) => Vec::new(),
+            Weight::Int8(p) => vec![p],
+            Weight::Int8x2([p1, p2]) => vec![p1, p2],
+        }
+    }
+
     /// Bytes held by the weight and bias.
     pub(crate) fn bytes(&self) -> usize {
         let w = match &self.weight {

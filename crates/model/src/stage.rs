@@ -200,6 +200,21 @@ impl Stage {
         self.backend = backend;
     }
 
+    /// Hands every resident int8 weight to the backend to keep (a GPU copies them to its memory
+    /// now, so the first pass does not); layers that stream from a shard come and go instead.
+    pub fn keep_resident(&self) -> Result<()> {
+        let head = self.head.as_ref().map(|h| &h.lm_head);
+        let linears = self.blocks.iter().flat_map(|b| b.linears()).chain(head);
+        for linear in linears {
+            for w in linear.planes() {
+                self.backend
+                    .keep_resident(w)
+                    .map_err(|e| crate::gemm::gemm_err(&|| "keeping weights resident".into(), e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The backend int8 products run on.
     pub fn backend(&self) -> &dyn Backend {
         &*self.backend

@@ -8,7 +8,8 @@
 #
 # BIN holds `node` and `gemm_gpu` (the bench executable, `cargo bench -p daisy-wgsl --no-run`)
 # built for that machine, and SmolLM2's config.json, tokenizer.json and tokenizer_config.json.
-# MODELS default to `smollm2-shape q1b4`. The Vulkan loader must be installed (the device notes
+# MODELS default to `smollm2-shape q1b4`; CPU_BELOW_VALUES (e.g. "0 16777216") adds GPU runs with
+# other DAISY_GPU_CPU_BELOW values. The Vulkan loader must be installed (the device notes
 # say how); VK_DRIVER_FILES may name the NVIDIA driver's manifest.
 set -uo pipefail
 BIN=$(realpath "${1:?usage: gpu_measure.sh BIN [MODELS...]}")
@@ -58,5 +59,22 @@ for model in "${MODELS[@]}"; do
             say "  ids and hop hashes: DIFFER between cpu and gpu"
         fi
         [ "$model" = q1b4 ] || break # full-window on the small model adds nothing
+    done
+done
+
+# The GPU runs again with other sizes below which products stay on the CPU kernels
+# (DAISY_GPU_CPU_BELOW; 0: every product on the GPU).
+for below in ${CPU_BELOW_VALUES:-}; do
+    for model in "${MODELS[@]}"; do
+        say "== $model, gpu, path auto, DAISY_GPU_CPU_BELOW=$below"
+        DAISY_GPU_CPU_BELOW=$below "$BIN/node" run --model "$MODEL_DIR/$model" --prompt "$PROMPT" \
+            --max-new-tokens "${NEW_TOKENS:-32}" --ignore-eos --backend gpu --format json \
+            2>"$OUT/stderr-$model-gpu-below-$below" \
+            | summary "$OUT/ids-$model-gpu-below-$below.json" | tee -a "$LOG"
+        if cmp -s "$OUT/ids-$model-cpu-auto.json" "$OUT/ids-$model-gpu-below-$below.json"; then
+            say "  ids and hop hashes: equal on cpu and gpu"
+        else
+            say "  ids and hop hashes: DIFFER between cpu and gpu"
+        fi
     done
 done

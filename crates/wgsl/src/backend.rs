@@ -530,6 +530,18 @@ impl Backend for GpuBackend {
             })
     }
 
+    fn keep_resident(&self, w: &PackedWeights) -> Result<(), daisy_gemm_int8::Error> {
+        if w.n() * w.k() == 0 {
+            return Ok(());
+        }
+        self.weights_for(w)
+            .map(|_| ())
+            .map_err(|e| daisy_gemm_int8::Error::Backend {
+                backend: self.name(),
+                message: e.to_string(),
+            })
+    }
+
     fn profile(&self) -> Option<String> {
         Some(GpuBackend::profile(self).to_string())
     }

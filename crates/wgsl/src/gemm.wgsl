@@ -12,17 +12,19 @@
 // shared-memory read is one vec4 of four consecutive rows and a quarter warp reads 128 contiguous
 // bytes. K is walked KV vec4 words (64 int8) at a time through workgroup memory, stored transposed
 // (word-major, four rows to a vec4); the next tile's global loads are issued before the current
-// tile is multiplied.
+// tile is multiplied. Where the output has too few tiles to fill the GPU, K is split into slices
+// along z whose sums are added atomically into the (zeroed) output.
 //
-// `gemv` (T <= GEMV_MAX_T rows: decode and prefill chunks): each group of 32 threads owns one output column, its lanes
-// stride over K one vec4 word (16 int8) at a time, so a group reads 512 contiguous bytes of B per
-// step; the lanes' partial sums meet in workgroup memory.
+// `gemv` (T <= GEMV_MAX_T rows: decode and prefill chunks): each group of 32 threads owns one output
+// column, its lanes stride over K two vec4 words (16 int8 each) at a time, so a group reads 512
+// contiguous bytes of B per load; the lanes' partial sums meet in workgroup memory.
 
 struct Dims {
     t: u32,
     n: u32,
     k16: u32,
-    _pad: u32,
+    // `tiled`: K stages per workgroup along z (split K); the slices' sums meet by atomic adds.
+    stages: u32,
 }
 
 const TILE: u32 = 128u;     // output rows and columns per `tiled` workgroup
@@ -35,7 +37,9 @@ const LANES: u32 = 32u;     // threads per `gemv` column
 @group(0) @binding(0) var<uniform> dims: Dims;
 @group(0) @binding(1) var<storage, read> a: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> b: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<i32>;
+// Atomic so that split-K slices can add into it (integer adds: any order is exact); written with
+// plain atomic stores otherwise.
+@group(0) @binding(3) var<storage, read_write> out: array<atomic<i32>>;
 
 var<workgroup> sa: array<vec4<u32>, 512>; // KW * QUADS
 var<workgroup> sb: array<vec4<u32>, 512>;
@@ -83,9 +87,35 @@ fn dot4x4(x: u32, w: vec4<u32>) -> vec4<i32> {
     return vec4<i32>(dot4(x, w.x), dot4(x, w.y), dot4(x, w.z), dot4(x, w.w));
 }
 
+// Writes (or, with split K, adds) the eight accumulators of one row a thread owns (columns col ..
+// col + 3 and col + 64 .. col + 67), as far as the output reaches.
+fn store_row(row: u32, col: u32, lo: vec4<i32>, hi: vec4<i32>, add: bool) {
+    if (row >= dims.t) {
+        return;
+    }
+    let o = row * dims.n;
+    for (var j = 0u; j < 4u; j++) {
+        if (col + j < dims.n) {
+            put(o + col + j, lo[j], add);
+        }
+        if (col + 64u + j < dims.n) {
+            put(o + col + 64u + j, hi[j], add);
+        }
+    }
+}
+
+fn put(i: u32, v: i32, add: bool) {
+    if (add) {
+        atomicAdd(&out[i], v);
+    } else {
+        atomicStore(&out[i], v);
+    }
+}
+
 @compute @workgroup_size(256, 1, 1)
 fn tiled(
     @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
     let row0 = wg.y * TILE;
@@ -93,28 +123,45 @@ fn tiled(
     let tx = li % 16u;
     let ty = li / 16u;
 
-    // acc[2i + h]: row (i < 4 ? ty*4 + i : 64 + ty*4 + i - 4), columns h*64 + tx*4 .. + 3.
-    var acc: array<vec4<i32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<i32>(0);
-    }
+    // Named accumulators, never an array, so that they stay in registers: c(2i + h) holds row
+    // (i < 4 ? ty*4 + i : 64 + ty*4 + i - 4), columns h*64 + tx*4 .. + 3.
+    var c0: vec4<i32> = vec4<i32>(0);
+    var c1: vec4<i32> = vec4<i32>(0);
+    var c2: vec4<i32> = vec4<i32>(0);
+    var c3: vec4<i32> = vec4<i32>(0);
+    var c4: vec4<i32> = vec4<i32>(0);
+    var c5: vec4<i32> = vec4<i32>(0);
+    var c6: vec4<i32> = vec4<i32>(0);
+    var c7: vec4<i32> = vec4<i32>(0);
+    var c8: vec4<i32> = vec4<i32>(0);
+    var c9: vec4<i32> = vec4<i32>(0);
+    var c10: vec4<i32> = vec4<i32>(0);
+    var c11: vec4<i32> = vec4<i32>(0);
+    var c12: vec4<i32> = vec4<i32>(0);
+    var c13: vec4<i32> = vec4<i32>(0);
+    var c14: vec4<i32> = vec4<i32>(0);
+    var c15: vec4<i32> = vec4<i32>(0);
 
     // Each thread stages two vec4 words of A and two of B per tile: q = li and li + 256.
     let q0 = li;
     let q1 = li + 256u;
     let ntiles = dims.k16 / KV;
-    var pa0 = load_a(row0 + q0 / KV, q0 % KV);
-    var pa1 = load_a(row0 + q1 / KV, q1 % KV);
-    var pb0 = load_b(col0 + q0 / KV, q0 % KV);
-    var pb1 = load_b(col0 + q1 / KV, q1 % KV);
-    for (var tile = 0u; tile < ntiles; tile++) {
+    // This workgroup's slice of K stages (all of them without split K).
+    let first = wg.z * dims.stages;
+    let last = min(first + dims.stages, ntiles);
+    let k0 = first * KV;
+    var pa0 = load_a(row0 + q0 / KV, k0 + q0 % KV);
+    var pa1 = load_a(row0 + q1 / KV, k0 + q1 % KV);
+    var pb0 = load_b(col0 + q0 / KV, k0 + q0 % KV);
+    var pb1 = load_b(col0 + q1 / KV, k0 + q1 % KV);
+    for (var tile = first; tile < last; tile++) {
         workgroupBarrier();
         stage_a(q0, pa0);
         stage_a(q1, pa1);
         stage_b(q0, pb0);
         stage_b(q1, pb1);
         workgroupBarrier();
-        if (tile + 1u < ntiles) {
+        if (tile + 1u < last) {
             let k = (tile + 1u) * KV;
             pa0 = load_a(row0 + q0 / KV, k + q0 % KV);
             pa1 = load_a(row0 + q1 / KV, k + q1 % KV);
@@ -126,42 +173,42 @@ fn tiled(
             let a1 = sa[kw * QUADS + 16u + ty];
             let b0 = sb[kw * QUADS + tx];
             let b1 = sb[kw * QUADS + 16u + tx];
-            acc[0] += dot4x4(a0.x, b0);
-            acc[1] += dot4x4(a0.x, b1);
-            acc[2] += dot4x4(a0.y, b0);
-            acc[3] += dot4x4(a0.y, b1);
-            acc[4] += dot4x4(a0.z, b0);
-            acc[5] += dot4x4(a0.z, b1);
-            acc[6] += dot4x4(a0.w, b0);
-            acc[7] += dot4x4(a0.w, b1);
-            acc[8] += dot4x4(a1.x, b0);
-            acc[9] += dot4x4(a1.x, b1);
-            acc[10] += dot4x4(a1.y, b0);
-            acc[11] += dot4x4(a1.y, b1);
-            acc[12] += dot4x4(a1.z, b0);
-            acc[13] += dot4x4(a1.z, b1);
-            acc[14] += dot4x4(a1.w, b0);
-            acc[15] += dot4x4(a1.w, b1);
+            c0 += dot4x4(a0.x, b0);
+            c1 += dot4x4(a0.x, b1);
+            c2 += dot4x4(a0.y, b0);
+            c3 += dot4x4(a0.y, b1);
+            c4 += dot4x4(a0.z, b0);
+            c5 += dot4x4(a0.z, b1);
+            c6 += dot4x4(a0.w, b0);
+            c7 += dot4x4(a0.w, b1);
+            c8 += dot4x4(a1.x, b0);
+            c9 += dot4x4(a1.x, b1);
+            c10 += dot4x4(a1.y, b0);
+            c11 += dot4x4(a1.y, b1);
+            c12 += dot4x4(a1.z, b0);
+            c13 += dot4x4(a1.z, b1);
+            c14 += dot4x4(a1.w, b0);
+            c15 += dot4x4(a1.w, b1);
         }
     }
 
-    for (var i = 0u; i < 8u; i++) {
-        let row = row0 + (i / 4u) * 64u + ty * 4u + i % 4u;
-        if (row < dims.t) {
-            for (var h = 0u; h < 2u; h++) {
-                let col = col0 + h * 64u + tx * 4u;
-                let v = acc[2u * i + h];
-                let o = row * dims.n + col;
-                if (col < dims.n) { out[o] = v.x; }
-                if (col + 1u < dims.n) { out[o + 1u] = v.y; }
-                if (col + 2u < dims.n) { out[o + 2u] = v.z; }
-                if (col + 3u < dims.n) { out[o + 3u] = v.w; }
-            }
-        }
-    }
+    let add = nwg.z > 1u;
+    store_row(row0 + ty * 4u + 0u, col0 + tx * 4u, c0, c1, add);
+    store_row(row0 + ty * 4u + 1u, col0 + tx * 4u, c2, c3, add);
+    store_row(row0 + ty * 4u + 2u, col0 + tx * 4u, c4, c5, add);
+    store_row(row0 + ty * 4u + 3u, col0 + tx * 4u, c6, c7, add);
+    store_row(row0 + 64u + ty * 4u + 0u, col0 + tx * 4u, c8, c9, add);
+    store_row(row0 + 64u + ty * 4u + 1u, col0 + tx * 4u, c10, c11, add);
+    store_row(row0 + 64u + ty * 4u + 2u, col0 + tx * 4u, c12, c13, add);
+    store_row(row0 + 64u + ty * 4u + 3u, col0 + tx * 4u, c14, c15, add);
 }
 
 var<workgroup> partial: array<i32, 4096>; // GEMV_MAX_T rows x 256 threads
+
+// The dot product of 16 int8 pairs (one vec4 word of A against one of B).
+fn dot16(x: vec4<u32>, w: vec4<u32>) -> i32 {
+    return dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w);
+}
 
 @compute @workgroup_size(256, 1, 1)
 fn gemv(
@@ -173,32 +220,83 @@ fn gemv(
     let group = li / LANES;
     let col = (wg.y * nwg.x + wg.x) * (256u / LANES) + group;
 
-    var acc: array<i32, 16>; // GEMV_MAX_T
-    for (var r = 0u; r < GEMV_MAX_T; r++) {
-        acc[r] = 0;
-    }
+    // Named accumulators (row 4i + j in s_i[j]), never an array, so that they stay in registers;
+    // the rows past T are skipped by uniform branches.
+    var s0 = vec4<i32>(0);
+    var s1 = vec4<i32>(0);
+    var s2 = vec4<i32>(0);
+    var s3 = vec4<i32>(0);
     if (col < dims.n) {
-        for (var q = lane; q < dims.k16; q += LANES) {
-            let w = b[col * dims.k16 + q];
-            for (var r = 0u; r < GEMV_MAX_T; r++) {
-                if (r < dims.t) {
-                    let x = a[r * dims.k16 + q];
-                    acc[r] += dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w);
-                }
+        let base = col * dims.k16;
+        let kend = dims.k16;
+        // Two words of B a lane per step, both loads issued before either is used.
+        for (var q = lane; q < kend; q += 2u * LANES) {
+            let q1 = q + LANES;
+            let w0 = b[base + q];
+            var w1 = vec4<u32>(0u);
+            if (q1 < kend) {
+                w1 = b[base + q1];
+            }
+            s0.x += dot16(a[q], w0);
+            if (dims.t > 1u) { s0.y += dot16(a[1u * dims.k16 + q], w0); }
+            if (dims.t > 2u) { s0.z += dot16(a[2u * dims.k16 + q], w0); }
+            if (dims.t > 3u) { s0.w += dot16(a[3u * dims.k16 + q], w0); }
+            if (dims.t > 4u) { s1.x += dot16(a[4u * dims.k16 + q], w0); }
+            if (dims.t > 5u) { s1.y += dot16(a[5u * dims.k16 + q], w0); }
+            if (dims.t > 6u) { s1.z += dot16(a[6u * dims.k16 + q], w0); }
+            if (dims.t > 7u) { s1.w += dot16(a[7u * dims.k16 + q], w0); }
+            if (dims.t > 8u) { s2.x += dot16(a[8u * dims.k16 + q], w0); }
+            if (dims.t > 9u) { s2.y += dot16(a[9u * dims.k16 + q], w0); }
+            if (dims.t > 10u) { s2.z += dot16(a[10u * dims.k16 + q], w0); }
+            if (dims.t > 11u) { s2.w += dot16(a[11u * dims.k16 + q], w0); }
+            if (dims.t > 12u) { s3.x += dot16(a[12u * dims.k16 + q], w0); }
+            if (dims.t > 13u) { s3.y += dot16(a[13u * dims.k16 + q], w0); }
+            if (dims.t > 14u) { s3.z += dot16(a[14u * dims.k16 + q], w0); }
+            if (dims.t > 15u) { s3.w += dot16(a[15u * dims.k16 + q], w0); }
+            if (q1 < kend) {
+                s0.x += dot16(a[q1], w1);
+                if (dims.t > 1u) { s0.y += dot16(a[1u * dims.k16 + q1], w1); }
+                if (dims.t > 2u) { s0.z += dot16(a[2u * dims.k16 + q1], w1); }
+                if (dims.t > 3u) { s0.w += dot16(a[3u * dims.k16 + q1], w1); }
+                if (dims.t > 4u) { s1.x += dot16(a[4u * dims.k16 + q1], w1); }
+                if (dims.t > 5u) { s1.y += dot16(a[5u * dims.k16 + q1], w1); }
+                if (dims.t > 6u) { s1.z += dot16(a[6u * dims.k16 + q1], w1); }
+                if (dims.t > 7u) { s1.w += dot16(a[7u * dims.k16 + q1], w1); }
+                if (dims.t > 8u) { s2.x += dot16(a[8u * dims.k16 + q1], w1); }
+                if (dims.t > 9u) { s2.y += dot16(a[9u * dims.k16 + q1], w1); }
+                if (dims.t > 10u) { s2.z += dot16(a[10u * dims.k16 + q1], w1); }
+                if (dims.t > 11u) { s2.w += dot16(a[11u * dims.k16 + q1], w1); }
+                if (dims.t > 12u) { s3.x += dot16(a[12u * dims.k16 + q1], w1); }
+                if (dims.t > 13u) { s3.y += dot16(a[13u * dims.k16 + q1], w1); }
+                if (dims.t > 14u) { s3.z += dot16(a[14u * dims.k16 + q1], w1); }
+                if (dims.t > 15u) { s3.w += dot16(a[15u * dims.k16 + q1], w1); }
             }
         }
     }
-    for (var r = 0u; r < GEMV_MAX_T; r++) {
-        partial[r * 256u + li] = acc[r];
-    }
+    partial[0u * 256u + li] = s0.x;
+    partial[1u * 256u + li] = s0.y;
+    partial[2u * 256u + li] = s0.z;
+    partial[3u * 256u + li] = s0.w;
+    partial[4u * 256u + li] = s1.x;
+    partial[5u * 256u + li] = s1.y;
+    partial[6u * 256u + li] = s1.z;
+    partial[7u * 256u + li] = s1.w;
+    partial[8u * 256u + li] = s2.x;
+    partial[9u * 256u + li] = s2.y;
+    partial[10u * 256u + li] = s2.z;
+    partial[11u * 256u + li] = s2.w;
+    partial[12u * 256u + li] = s3.x;
+    partial[13u * 256u + li] = s3.y;
+    partial[14u * 256u + li] = s3.z;
+    partial[15u * 256u + li] = s3.w;
     workgroupBarrier();
     // Lane r of each group adds row r's 32 partial sums.
     if (lane < dims.t && lane < GEMV_MAX_T && col < dims.n) {
-        let base = lane * 256u + group * LANES;
+        let start = lane * 256u + group * LANES;
         var sum = 0;
         for (var i = 0u; i < LANES; i++) {
-            sum += partial[base + i];
+            sum += partial[start + i];
         }
-        out[lane * dims.n + col] = sum;
+        atomicStore(&out[lane * dims.n + col], sum);
     }
 }

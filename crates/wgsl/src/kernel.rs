@@ -212,7 +212,7 @@ impl Scratch {
                     dims: buffer("dims", caps.dims, U::UNIFORM | U::COPY_DST),
                     a: buffer("a", caps.a, U::STORAGE | U::COPY_DST),
                     b: buffer("b", caps.b, U::STORAGE | U::COPY_DST),
-                    out: buffer("out", caps.out, U::STORAGE | U::COPY_SRC),
+                    out: buffer("out", caps.out, U::STORAGE | U::COPY_SRC | U::COPY_DST),
                     readback: buffer("readback", caps.out, U::MAP_READ | U::COPY_DST),
                     caps,
                 }
@@ -327,7 +327,8 @@ fn prepare(
         .map(|(job, p)| {
             let stride = row_bytes(job.k);
             let n = job.rhs.n();
-            let dims = [job.t as u32, n as u32, (stride / 16) as u32, 0u32];
+            let (_, stages) = split_k(job.t, n, job.k);
+            let dims = [job.t as u32, n as u32, (stride / 16) as u32, stages as u32];
             gpu.queue
                 .write_buffer(&bufs.dims, p.dims, bytemuck::cast_slice(&dims));
             gpu.queue.write_buffer(&bufs.a, p.a, job.a_packed);
@@ -359,33 +360,119 @@ fn fold(groups: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
+/// `tiled` workgroups below which K is split into slices (about two per multiprocessor of a large
+/// GPU; a small one just runs the slices one after another).
+const SPLIT_BELOW_GROUPS: usize = 256;
+
+/// The fewest K stages (64 int8 each) a split-K slice takes.
+const MIN_SLICE_STAGES: usize = 4;
+
+/// How `tiled` walks K for a `t x n x k` product: (slices, K stages per slice). One slice while
+/// the output's tiles alone fill the GPU.
+fn split_k(t: usize, n: usize, k: usize) -> (usize, usize) {
+    let stages = row_bytes(k) / ROW_ALIGN;
+    let groups = n.div_ceil(TILE) * t.div_ceil(TILE);
+    let want = SPLIT_BELOW_GROUPS.div_ceil(groups.max(1));
+    let slices = want.min(stages / MIN_SLICE_STAGES).max(1);
+    let per = stages.div_ceil(slices);
+    (stages.div_ceil(per), per)
+}
+
 /// Whether `gemv` runs a product of `t` rows.
 fn uses_gemv(t: usize, gemv_rows: usize) -> bool {
     t <= gemv_rows.min(GEMV_MAX_T)
 }
 
 /// Records `reps` dispatches of one GEMM (`gemv` up to `gemv_rows` rows of A) into a pass.
+#[allow(clippy::too_many_arguments)]
 fn record(
     pass: &mut wgpu::ComputePass<'_>,
     pipeline: &Pipeline,
     bind_group: &wgpu::BindGroup,
     t: usize,
     n: usize,
+    k: usize,
     gemv_rows: usize,
     reps: usize,
 ) {
     pass.set_bind_group(0, bind_group, &[]);
-    let (entry, (x, y)) = if uses_gemv(t, gemv_rows) {
-        (&pipeline.gemv, fold(n.div_ceil(GEMV_COLS)))
+    let (entry, (x, y), z) = if uses_gemv(t, gemv_rows) {
+        (&pipeline.gemv, fold(n.div_ceil(GEMV_COLS)), 1)
     } else {
         (
             &pipeline.tiled,
             (n.div_ceil(TILE) as u32, t.div_ceil(TILE) as u32),
+            split_k(t, n, k).0 as u32,
         )
     };
     pass.set_pipeline(entry);
     for _ in 0..reps {
-        pass.dispatch_workgroups(x, y, 1);
+        pass.dispatch_workgroups(x, y, z);
+    }
+}
+
+/// Whether a job's `tiled` slices add into its output, which must then start at zero.
+fn adds(job: &DeviceJob<'_>, gemv_rows: usize) -> bool {
+    !uses_gemv(job.t, gemv_rows) && split_k(job.t, job.rhs.n(), job.k).0 > 1
+}
+
+/// How long a dispatch's wait polls the device before it sleeps on the fence: a decode-sized
+/// product is done in tens of microseconds, and a thread woken from the fence's wait costs about
+/// as much again (the stage's thread has nothing else to do meanwhile).
+const SPIN: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Waits until the read-back buffer's mapping (requested after `submission`) is resolved: polls
+/// the device for up to [`SPIN`], then blocks on the submission's fence.
+fn wait_mapped(
+    gpu: &Gpu,
+    submission: wgpu::SubmissionIndex,
+    rx: &mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+) -> std::result::Result<std::result::Result<(), wgpu::BufferAsyncError>, String> {
+    let start = Instant::now();
+    while start.elapsed() < SPIN {
+        gpu.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| e.to_string())?;
+        if let Ok(mapped) = rx.try_recv() {
+            return Ok(mapped);
+        }
+        std::hint::spin_loop();
+    }
+    gpu.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: None,
+        })
+        .map_err(|e| e.to_string())?;
+    rx.recv().map_err(|e| e.to_string())
+}
+
+/// Accumulators above this many bytes are copied out of the mapped read-back buffer by several
+/// threads: one thread's reads of host memory the device wrote run at a few GB/s.
+const PARALLEL_COPY_BYTES: usize = 4 << 20;
+
+/// Copies little-endian i32 accumulators out of a mapped range.
+fn copy_out(bytes: &[u8], out: &mut [i32]) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if bytes.len() < PARALLEL_COPY_BYTES || threads < 2 {
+        return copy_part(bytes, out);
+    }
+    let per = out.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (src, dst) in bytes.chunks(per * 4).zip(out.chunks_mut(per)) {
+            scope.spawn(move || copy_part(src, dst));
+        }
+    });
+}
+
+fn copy_part(bytes: &[u8], out: &mut [i32]) {
+    match bytemuck::try_cast_slice::<u8, i32>(bytes) {
+        Ok(acc) => out.copy_from_slice(acc),
+        Err(_) => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
     }
 }
 
@@ -406,18 +493,33 @@ pub(crate) fn dispatch(
     let (placed, need) = place(jobs);
     let bufs = scratch.ensure(gpu, &need);
     let groups = prepare(gpu, pipeline, bufs, jobs, &placed);
+    let prepared = Instant::now();
     let mut encoder = gpu
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("gemm"),
         });
+    for (job, p) in jobs.iter().zip(&placed) {
+        if adds(job, gemv_rows) {
+            encoder.clear_buffer(&bufs.out, p.out, Some(p.out_bytes));
+        }
+    }
     {
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("gemm"),
             timestamp_writes: None,
         });
         for (job, group) in jobs.iter().zip(&groups) {
-            record(&mut pass, pipeline, group, job.t, job.rhs.n(), gemv_rows, 1);
+            record(
+                &mut pass,
+                pipeline,
+                group,
+                job.t,
+                job.rhs.n(),
+                job.k,
+                gemv_rows,
+                1,
+            );
         }
     }
     let total_out = need.out;
@@ -435,31 +537,16 @@ pub(crate) fn dispatch(
         adapter: gpu.adapter_name(),
         reason,
     };
-    gpu.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: Some(submission),
-            timeout: None,
-        })
-        .map_err(|e| readback_err(e.to_string()))?;
+    let mapped = wait_mapped(gpu, submission, &rx).map_err(readback_err)?;
     gpu.take_error()?;
-    rx.recv()
-        .map_err(|e| readback_err(e.to_string()))?
-        .map_err(|e| readback_err(e.to_string()))?;
+    mapped.map_err(|e| readback_err(e.to_string()))?;
     let done = Instant::now();
     {
         let view = slice
             .get_mapped_range()
             .map_err(|e| readback_err(e.to_string()))?;
         for (p, out) in placed.iter().zip(outs.iter_mut()) {
-            let bytes = &view[p.out as usize..(p.out + p.out_bytes) as usize];
-            match bytemuck::try_cast_slice::<u8, i32>(bytes) {
-                Ok(acc) => out.copy_from_slice(acc),
-                Err(_) => {
-                    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                        *o = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                    }
-                }
-            }
+            copy_out(&view[p.out as usize..(p.out + p.out_bytes) as usize], out);
         }
     }
     bufs.readback.unmap();
@@ -473,7 +560,12 @@ pub(crate) fn dispatch(
         gemv,
         up,
         placed.iter().map(|p| p.out_bytes).sum(),
-        [submitted - start, done - submitted, done.elapsed()],
+        [
+            prepared - start,
+            submitted - start,
+            done - submitted,
+            done.elapsed(),
+        ],
     );
     Ok(())
 }
@@ -520,6 +612,7 @@ pub(crate) fn kernel_seconds(
                 &groups[0],
                 job.t,
                 job.rhs.n(),
+                job.k,
                 gemv_rows,
                 reps,
             );

@@ -15,6 +15,7 @@ pub(crate) struct Profile {
     on_cpu: AtomicU64,
     bytes_up: AtomicU64,
     bytes_down: AtomicU64,
+    prepare_ns: AtomicU64,
     submit_ns: AtomicU64,
     wait_ns: AtomicU64,
     readback_ns: AtomicU64,
@@ -27,8 +28,11 @@ fn nanos(d: Duration) -> u64 {
 
 impl Profile {
     /// One submission of `jobs` dispatches (`gemv` of them `gemv`): bytes sent and read back, and
-    /// its [submit, wait, read-back] times.
-    pub(crate) fn add(&self, jobs: usize, gemv: usize, up: u64, down: u64, times: [Duration; 3]) {
+    /// its [prepare (part of submit), submit, wait, read-back] times.
+    pub(crate) fn add(&self, jobs: usize, gemv: usize, up: u64, down: u64, times: [Duration; 4]) {
+        self.prepare_ns
+            .fetch_add(nanos(times[0]), Ordering::Relaxed);
+        let times = [times[1], times[2], times[3]];
         self.submissions.fetch_add(1, Ordering::Relaxed);
         self.gemv.fetch_add(gemv as u64, Ordering::Relaxed);
         self.tiled
@@ -57,6 +61,7 @@ impl Profile {
             cpu_products: get(&self.on_cpu),
             bytes_up: get(&self.bytes_up),
             bytes_down: get(&self.bytes_down),
+            prepare_s: secs(&self.prepare_ns),
             submit_s: secs(&self.submit_ns),
             wait_s: secs(&self.wait_ns),
             readback_s: secs(&self.readback_ns),
@@ -72,6 +77,7 @@ impl Profile {
             &self.on_cpu,
             &self.bytes_up,
             &self.bytes_down,
+            &self.prepare_ns,
             &self.submit_ns,
             &self.wait_ns,
             &self.readback_ns,
@@ -99,6 +105,8 @@ pub struct GpuProfile {
     pub bytes_down: u64,
     /// Seconds from a submission's start to its submission (queue writes, bind groups, encoding).
     pub submit_s: f64,
+    /// The part of `submit_s` spent writing operands into the queue and making bind groups.
+    pub prepare_s: f64,
     /// Seconds waiting for the GPU (kernel and the copy to the read-back buffer).
     pub wait_s: f64,
     /// Seconds mapping and copying accumulators out.
@@ -120,7 +128,8 @@ impl std::fmt::Display for GpuProfile {
         write!(
             f,
             "{} submissions of {} dispatches ({} gemv, {} tiled), {} products on the CPU ({:.3} s); \
-             per submission: submit {:.0} µs, wait {:.0} µs, read-back {:.0} µs \
+             per submission: submit {:.0} µs (writes and bind groups {:.0} µs), wait {:.0} µs, \
+             read-back {:.0} µs \
              ({:.3} s, {:.3} s, {:.3} s in all); {:.1} MB up, {:.1} MB down",
             self.submissions,
             self.dispatches(),
@@ -129,6 +138,7 @@ impl std::fmt::Display for GpuProfile {
             self.cpu_products,
             self.cpu_s,
             per(self.submit_s),
+            per(self.prepare_s),
             per(self.wait_s),
             per(self.readback_s),
             self.submit_s,

@@ -214,39 +214,57 @@ fn tiled_skips_last_stage() -> Kernel {
 /// `gemv` skips the last 64 int8 of each row (the padded row's last K stage, which always holds
 /// at least one value).
 fn gemv_skips_last_stage() -> Kernel {
-    mutant(&[(
-        "for (var q = lane; q < dims.k16; q += LANES) {",
-        "for (var q = lane; q + KV < dims.k16; q += LANES) {",
-    )])
+    mutant(&[("let kend = dims.k16;", "let kend = dims.k16 - KV;")])
+}
+
+/// `tiled`'s split-K slices overwrite the output instead of adding into it: wrong wherever K is
+/// split (few output tiles, long K).
+fn split_k_overwrites() -> Kernel {
+    mutant(&[("let add = nwg.z > 1u;", "let add = false;")])
 }
 
 /// Accumulates in f32 in both entry points: exact until a partial sum passes 2²⁴, wrong at ±127
 /// with large K.
 fn f32_accumulator() -> Kernel {
-    mutant(&[
-        (
-            "var acc: array<vec4<i32>, 16>;",
-            "var acc: array<vec4<f32>, 16>;",
-        ),
-        ("acc[i] = vec4<i32>(0);", "acc[i] = vec4<f32>(0.0);"),
-        ("+= dot4x4(", "+= vec4<f32>(dot4x4("),
-        (", b0);", ", b0));"),
-        (", b1);", ", b1));"),
-        (
-            "let v = acc[2u * i + h];",
-            "let v = vec4<i32>(acc[2u * i + h]);",
-        ),
-        ("var acc: array<i32, 16>;", "var acc: array<f32, 16>;"),
-        ("acc[r] = 0;", "acc[r] = 0.0;"),
-        (
-            "acc[r] += dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w);",
-            "acc[r] += f32(dot4(x.x, w.x) + dot4(x.y, w.y) + dot4(x.z, w.z) + dot4(x.w, w.w));",
-        ),
-        (
-            "partial[r * 256u + li] = acc[r];",
-            "partial[r * 256u + li] = i32(acc[r]);",
-        ),
-    ])
+    let mut swaps: Vec<(String, String)> = Vec::new();
+    for c in 0..16 {
+        swaps.push((
+            format!("var c{c}: vec4<i32> = vec4<i32>(0);"),
+            format!("var c{c}: vec4<f32> = vec4<f32>(0.0);"),
+        ));
+    }
+    swaps.push(("+= dot4x4(".into(), "+= vec4<f32>(dot4x4(".into()));
+    swaps.push((", b0);".into(), ", b0));".into()));
+    swaps.push((", b1);".into(), ", b1));".into()));
+    swaps.push((
+        "fn store_row(row: u32, col: u32, lo: vec4<i32>, hi: vec4<i32>, add: bool) {".into(),
+        "fn store_row(row: u32, col: u32, lo: vec4<f32>, hi: vec4<f32>, add: bool) {".into(),
+    ));
+    swaps.push((", lo[j], add);".into(), ", i32(lo[j]), add);".into()));
+    swaps.push((", hi[j], add);".into(), ", i32(hi[j]), add);".into()));
+    for s in 0..4 {
+        swaps.push((
+            format!("var s{s} = vec4<i32>(0);"),
+            format!("var s{s} = vec4<f32>(0.0);"),
+        ));
+    }
+    swaps.push(("+= dot16(".into(), "+= f32(dot16(".into()));
+    swaps.push(("w0); }".into(), "w0)); }".into()));
+    swaps.push(("w1); }".into(), "w1)); }".into()));
+    swaps.push(("[q], w0);".into(), "[q], w0));".into()));
+    swaps.push(("[q1], w1);".into(), "[q1], w1));".into()));
+    for r in 0..16 {
+        let v = format!("s{}.{}", r / 4, ["x", "y", "z", "w"][r % 4]);
+        swaps.push((
+            format!("partial[{r}u * 256u + li] = {v};"),
+            format!("partial[{r}u * 256u + li] = i32({v});"),
+        ));
+    }
+    let pairs: Vec<(&str, &str)> = swaps
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    mutant(&pairs)
 }
 
 fn is_gate_failure(e: &Error) -> bool {
@@ -265,6 +283,7 @@ fn mutant_kernels_fail_the_gates() {
     for (name, kernel) in [
         ("tiled skips its last K stage", tiled_skips_last_stage()),
         ("gemv skips its last K stage", gemv_skips_last_stage()),
+        ("split K overwrites", split_k_overwrites()),
         ("f32 accumulator", f32_accumulator()),
     ] {
         match GpuBackend::with_kernel(kernel) {
@@ -298,6 +317,14 @@ fn mutant_kernels_injected_after_the_gates_fail_the_audit() {
             "gemv skips its last K stage",
             gemv_skips_last_stage(),
             1,
+            1541,
+            67,
+            false,
+        ),
+        (
+            "split K overwrites",
+            split_k_overwrites(),
+            17,
             1541,
             67,
             false,

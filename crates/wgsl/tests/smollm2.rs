@@ -211,3 +211,27 @@ fn smollm2_split_on_the_gpu_equals_the_unsplit_cpu_run() {
         "the mutant failed otherwise: {err}"
     );
 }
+
+#[test]
+fn a_stage_hands_its_weights_to_the_gpu_at_load() {
+    let Some((ckpt, gpu)) = fixture_and_gpu() else {
+        return;
+    };
+    let cfg = ckpt.config().clone();
+    let gpu = Arc::new(gpu);
+    let backend: Arc<dyn Backend> = gpu.clone();
+    let mut stage = Stage::load(&ckpt, &cfg, 0..2, true, Precision::Int8).unwrap();
+    stage.set_backend(backend);
+    assert_eq!(gpu.cached_bytes(), 0);
+    stage.keep_resident().unwrap();
+    // Two layers (q/k/v 960 x 576, o 576 x 576, gate/up 3072 x 576, down 576 x 1536) and the tied
+    // lm_head (49152 x 576), rows already multiples of 64 bytes.
+    let layer = 960 * 576 + 576 * 576 + 3072 * 576 + 576 * 1536;
+    let expected = (2 * layer + 49152 * 576) as u64;
+    assert_eq!(gpu.cached_bytes(), expected);
+    // Kept once: neither a second call nor a pass uploads them again.
+    stage.keep_resident().unwrap();
+    let mut x = stage.embed(&PROMPT, 0).unwrap();
+    stage.forward(&mut x, PROMPT.len(), 0, None).unwrap();
+    assert_eq!(gpu.cached_bytes(), expected);
+}

@@ -792,6 +792,9 @@ fn load(
     }
     bar.finish_and_clear();
     stage.set_backend(backend.clone());
+    stage
+        .keep_resident()
+        .with_context(|| format!("layers {layers:?}: weights onto {}", backend.name()))?;
     eprintln!(
         "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s",
         client.fetched(),
