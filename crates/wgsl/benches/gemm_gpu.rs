@@ -10,7 +10,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use daisy_gemm_int8::{PackedWeights, gemm, quantize_rows, seeded_matrix};
-use daisy_wgsl::{Error, GEMV_MAX_T, GpuBackend};
+use daisy_wgsl::{Error, GEMV_MAX_T, GpuBackend, Tuning};
 
 /// T values: decode, a prefill chunk of the cached path (at most 16 rows), a long prompt.
 const TS: [usize; 4] = [1, 16, 64, 512];
@@ -31,6 +31,12 @@ const KN: [(&str, usize, usize); 11] = [
     ("q1b4_down", 8960, 1536),
     ("q1b4_lm_head", 1536, 49152),
 ];
+
+/// The products whose split of K `gpu_kernel_split_*` varies, and the (workgroups below which K
+/// is split, fewest stages a slice) pairs it tries.
+const SPLIT_SHAPES: [&str; 3] = ["q1b4_o", "q1b4_qkv", "q1b4_down"];
+const SPLIT_VARIANTS: [(usize, usize); 6] =
+    [(0, 4), (128, 4), (256, 4), (256, 6), (256, 8), (512, 4)];
 
 /// Dispatches per timed submission of `gpu_kernel`: enough that one submission's overhead is
 /// small against the kernels.
@@ -104,6 +110,32 @@ fn bench(c: &mut Criterion) {
                 });
                 group.finish();
                 gpu.set_gemv_rows(GEMV_MAX_T);
+            }
+
+            if t == 512 && SPLIT_SHAPES.contains(&name) {
+                // Other ways of splitting K where the output has few tiles (tuning only).
+                for (below, min_slice) in SPLIT_VARIANTS {
+                    gpu.set_tuning(Tuning {
+                        split_below: below,
+                        min_slice,
+                        ..Tuning::default()
+                    });
+                    let mut group =
+                        c.benchmark_group(format!("gpu_kernel_split_{below}_{min_slice}"));
+                    group.throughput(Throughput::Elements(ops));
+                    group.sample_size(10);
+                    group.bench_with_input(id.clone(), &t, |bench, &t| {
+                        bench.iter_custom(|iters| {
+                            let reps = iters.max(1) as usize;
+                            let per = gpu
+                                .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
+                                .expect("gpu kernel");
+                            std::time::Duration::from_secs_f64(per * iters as f64)
+                        });
+                    });
+                    group.finish();
+                }
+                gpu.set_tuning(Tuning::default());
             }
 
             let mut group = c.benchmark_group("gpu_i32");

@@ -9,7 +9,8 @@
 # BIN holds `node` and `gemm_gpu` (the bench executable, `cargo bench -p daisy-wgsl --no-run`)
 # built for that machine, and SmolLM2's config.json, tokenizer.json and tokenizer_config.json.
 # MODELS default to `smollm2-shape q1b4`; CPU_BELOW_VALUES (e.g. "0 16777216") adds GPU runs with
-# other DAISY_GPU_CPU_BELOW values. The Vulkan loader must be installed (the device notes
+# other DAISY_GPU_CPU_BELOW values; DECODE_TOKENS (e.g. 128) adds runs of that many tokens after a
+# short prompt, whose profile is the decode's. The Vulkan loader must be installed (the device notes
 # say how); VK_DRIVER_FILES may name the NVIDIA driver's manifest.
 set -uo pipefail
 BIN=$(realpath "${1:?usage: gpu_measure.sh BIN [MODELS...]}")
@@ -78,3 +79,21 @@ for below in ${CPU_BELOW_VALUES:-}; do
         fi
     done
 done
+
+# Decode alone: a short prompt and more tokens, so that the GPU profile is the decode's.
+if [ -n "${DECODE_TOKENS:-}" ]; then
+    SHORT=$(head -c 200 "$ROOT/fixtures/text/essay.txt")
+    for model in "${MODELS[@]}"; do
+        for backend in cpu gpu; do
+            say "== $model, $backend, path auto, decode $DECODE_TOKENS tokens after a short prompt"
+            "$BIN/node" run --model "$MODEL_DIR/$model" --prompt "$SHORT" --max-new-tokens "$DECODE_TOKENS" \
+                --ignore-eos --backend "$backend" --format json 2>"$OUT/stderr-$model-$backend-decode" \
+                | summary "$OUT/ids-$model-$backend-decode.json" | tee -a "$LOG"
+        done
+        if cmp -s "$OUT/ids-$model-cpu-decode.json" "$OUT/ids-$model-gpu-decode.json"; then
+            say "  ids and hop hashes: equal on cpu and gpu"
+        else
+            say "  ids and hop hashes: DIFFER between cpu and gpu"
+        fi
+    done
+fi

@@ -11,7 +11,7 @@ use daisy_gemm_int8::{Backend, BatchItem, CpuBackend, PackedWeights, Quantized, 
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::gates;
-use crate::kernel::{self, DeviceJob, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch};
+use crate::kernel::{self, DeviceJob, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch, Tuning};
 use crate::profile::{GpuProfile, Profile};
 
 /// The largest K whose i32 accumulation is exact: 127² · 131071 < 2³¹ (DESIGN §3.1).
@@ -36,8 +36,8 @@ pub struct GpuBackend {
     /// The CPU kernels, for products of fewer than `cpu_below` multiply-adds.
     cpu: CpuBackend,
     cpu_below: usize,
-    /// Rows of A up to which the `gemv` entry point runs (at most [`GEMV_MAX_T`]).
-    gemv_rows: usize,
+    /// How dispatches are picked and shaped.
+    tuning: Tuning,
 }
 
 /// Products of fewer multiply-adds than this run on the CPU kernels when the backend is used as a
@@ -150,14 +150,28 @@ impl GpuBackend {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(CPU_BELOW_MACS),
-            gemv_rows: GEMV_MAX_T,
+            tuning: Tuning::default(),
         })
     }
 
     /// Sets the rows of A up to which the `gemv` entry point runs instead of `tiled` (clamped to
     /// [`GEMV_MAX_T`]; 0: `tiled` always). Either gives the same integers; this is for benchmarks.
     pub fn set_gemv_rows(&mut self, rows: usize) {
-        self.gemv_rows = rows.min(GEMV_MAX_T);
+        self.tuning.gemv_rows = rows.min(GEMV_MAX_T);
+    }
+
+    /// Sets how dispatches are picked and shaped (`gemv`'s rows are clamped to [`GEMV_MAX_T`]).
+    /// Any tuning gives the same integers; this is for benchmarks.
+    pub fn set_tuning(&mut self, tuning: Tuning) {
+        self.tuning = Tuning {
+            gemv_rows: tuning.gemv_rows.min(GEMV_MAX_T),
+            ..tuning
+        };
+    }
+
+    /// How dispatches are picked and shaped.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning
     }
 
     /// Seconds of the kernel alone for `a` (T x K) against resident weights, averaged over `reps`
@@ -182,7 +196,7 @@ impl GpuBackend {
             &self.pipeline,
             &mut scratch,
             &job,
-            self.gemv_rows,
+            self.tuning,
             reps,
         )
     }
@@ -355,7 +369,7 @@ impl GpuBackend {
                 &mut scratch,
                 &self.profile,
                 std::slice::from_ref(&job),
-                self.gemv_rows,
+                self.tuning,
                 &mut [part],
             )?;
         }
@@ -438,7 +452,7 @@ impl GpuBackend {
                 &mut scratch,
                 &self.profile,
                 &jobs,
-                self.gemv_rows,
+                self.tuning,
                 &mut outs,
             )?;
         }
@@ -511,11 +525,7 @@ impl Backend for GpuBackend {
         let mut on_gpu = Vec::with_capacity(items.len());
         for item in items.iter_mut() {
             daisy_gemm_int8::check_shapes(item.a, item.b, item.out)?;
-            if item.a.rows() * item.b.n() * item.b.k() < self.cpu_below {
-                let start = Instant::now();
-                self.cpu.gemm_i32(item.a, item.b, item.out)?;
-                self.profile.add_cpu(start.elapsed());
-            } else {
+            if !self.ran_on_cpu(item.a, item.b, item.out)? {
                 on_gpu.push(BatchItem {
                     a: item.a,
                     b: item.b,
@@ -524,10 +534,7 @@ impl Backend for GpuBackend {
             }
         }
         self.run_batch(&mut on_gpu)
-            .map_err(|e| daisy_gemm_int8::Error::Backend {
-                backend: self.name(),
-                message: e.to_string(),
-            })
+            .map_err(|e| self.as_gemm_error(e))
     }
 
     fn keep_resident(&self, w: &PackedWeights) -> Result<(), daisy_gemm_int8::Error> {
@@ -536,10 +543,7 @@ impl Backend for GpuBackend {
         }
         self.weights_for(w)
             .map(|_| ())
-            .map_err(|e| daisy_gemm_int8::Error::Backend {
-                backend: self.name(),
-                message: e.to_string(),
-            })
+            .map_err(|e| self.as_gemm_error(e))
     }
 
     fn profile(&self) -> Option<String> {
@@ -553,16 +557,36 @@ impl Backend for GpuBackend {
         out: &mut [i32],
     ) -> Result<(), daisy_gemm_int8::Error> {
         daisy_gemm_int8::check_shapes(a, b, out)?;
-        if a.rows() * b.n() * b.k() < self.cpu_below {
-            let start = Instant::now();
-            self.cpu.gemm_i32(a, b, out)?;
-            self.profile.add_cpu(start.elapsed());
+        if self.ran_on_cpu(a, b, out)? {
             return Ok(());
         }
-        self.gemm_rhs(a, b, out)
-            .map_err(|e| daisy_gemm_int8::Error::Backend {
-                backend: self.name(),
-                message: e.to_string(),
-            })
+        self.gemm_rhs(a, b, out).map_err(|e| self.as_gemm_error(e))
+    }
+}
+
+impl GpuBackend {
+    /// Runs a product below [`GpuBackend::cpu_below`] multiply-adds on the CPU kernels; `false`
+    /// (and nothing done) for a larger one.
+    fn ran_on_cpu(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        out: &mut [i32],
+    ) -> Result<bool, daisy_gemm_int8::Error> {
+        if a.rows() * b.n() * b.k() >= self.cpu_below {
+            return Ok(false);
+        }
+        let start = Instant::now();
+        self.cpu.gemm_i32(a, b, out)?;
+        self.profile.add_cpu(start.elapsed());
+        Ok(true)
+    }
+
+    /// This crate's error as the shared GEMM error, naming this backend.
+    fn as_gemm_error(&self, e: Error) -> daisy_gemm_int8::Error {
+        daisy_gemm_int8::Error::Backend {
+            backend: Backend::name(self),
+            message: e.to_string(),
+        }
     }
 }

@@ -321,13 +321,14 @@ fn prepare(
     bufs: &ScratchBufs,
     jobs: &[DeviceJob<'_>],
     placed: &[Placed],
+    tuning: Tuning,
 ) -> Vec<wgpu::BindGroup> {
     jobs.iter()
         .zip(placed)
         .map(|(job, p)| {
             let stride = row_bytes(job.k);
             let n = job.rhs.n();
-            let (_, stages) = split_k(job.t, n, job.k);
+            let (_, stages) = split_k(job.t, n, job.k, tuning);
             let dims = [job.t as u32, n as u32, (stride / 16) as u32, stages as u32];
             gpu.queue
                 .write_buffer(&bufs.dims, p.dims, bytemuck::cast_slice(&dims));
@@ -360,30 +361,48 @@ fn fold(groups: usize) -> (u32, u32) {
     (x as u32, groups.div_ceil(x) as u32)
 }
 
-/// `tiled` workgroups below which K is split into slices (about two per multiprocessor of a large
-/// GPU; a small one just runs the slices one after another).
-const SPLIT_BELOW_GROUPS: usize = 256;
+/// How a backend picks and shapes its dispatches; whichever it picks, the integers are the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Rows of A up to which `gemv` runs instead of `tiled` (at most [`GEMV_MAX_T`]).
+    pub gemv_rows: usize,
+    /// `tiled` workgroups below which K is split into slices.
+    pub split_below: usize,
+    /// The fewest K stages (64 int8 each) a split-K slice takes.
+    pub min_slice: usize,
+}
 
-/// The fewest K stages (64 int8 each) a split-K slice takes.
-const MIN_SLICE_STAGES: usize = 4;
+impl Default for Tuning {
+    /// `gemv` up to 16 rows; K split below 512 workgroups (about four per multiprocessor of a large
+    /// GPU; a small one just runs the slices one after another), slices of at least 2 stages: on
+    /// the H200 the best of the pairs `gpu_kernel_split_*` tries for the products with few tiles
+    /// (docs/gpu.md).
+    fn default() -> Self {
+        Tuning {
+            gemv_rows: GEMV_MAX_T,
+            split_below: 512,
+            min_slice: 2,
+        }
+    }
+}
 
 /// How `tiled` walks K for a `t x n x k` product: (slices, K stages per slice). One slice while
 /// the output's tiles alone fill the GPU.
-fn split_k(t: usize, n: usize, k: usize) -> (usize, usize) {
+fn split_k(t: usize, n: usize, k: usize, tuning: Tuning) -> (usize, usize) {
     let stages = row_bytes(k) / ROW_ALIGN;
     let groups = n.div_ceil(TILE) * t.div_ceil(TILE);
-    let want = SPLIT_BELOW_GROUPS.div_ceil(groups.max(1));
-    let slices = want.min(stages / MIN_SLICE_STAGES).max(1);
+    let want = tuning.split_below.div_ceil(groups.max(1));
+    let slices = want.min(stages / tuning.min_slice.max(1)).max(1);
     let per = stages.div_ceil(slices);
     (stages.div_ceil(per), per)
 }
 
 /// Whether `gemv` runs a product of `t` rows.
-fn uses_gemv(t: usize, gemv_rows: usize) -> bool {
-    t <= gemv_rows.min(GEMV_MAX_T)
+fn uses_gemv(t: usize, tuning: Tuning) -> bool {
+    t <= tuning.gemv_rows.min(GEMV_MAX_T)
 }
 
-/// Records `reps` dispatches of one GEMM (`gemv` up to `gemv_rows` rows of A) into a pass.
+/// Records `reps` dispatches of one GEMM (`gemv` up to `tuning.gemv_rows` rows of A) into a pass.
 #[allow(clippy::too_many_arguments)]
 fn record(
     pass: &mut wgpu::ComputePass<'_>,
@@ -392,17 +411,17 @@ fn record(
     t: usize,
     n: usize,
     k: usize,
-    gemv_rows: usize,
+    tuning: Tuning,
     reps: usize,
 ) {
     pass.set_bind_group(0, bind_group, &[]);
-    let (entry, (x, y), z) = if uses_gemv(t, gemv_rows) {
+    let (entry, (x, y), z) = if uses_gemv(t, tuning) {
         (&pipeline.gemv, fold(n.div_ceil(GEMV_COLS)), 1)
     } else {
         (
             &pipeline.tiled,
             (n.div_ceil(TILE) as u32, t.div_ceil(TILE) as u32),
-            split_k(t, n, k).0 as u32,
+            split_k(t, n, k, tuning).0 as u32,
         )
     };
     pass.set_pipeline(entry);
@@ -412,8 +431,8 @@ fn record(
 }
 
 /// Whether a job's `tiled` slices add into its output, which must then start at zero.
-fn adds(job: &DeviceJob<'_>, gemv_rows: usize) -> bool {
-    !uses_gemv(job.t, gemv_rows) && split_k(job.t, job.rhs.n(), job.k).0 > 1
+fn adds(job: &DeviceJob<'_>, tuning: Tuning) -> bool {
+    !uses_gemv(job.t, tuning) && split_k(job.t, job.rhs.n(), job.k, tuning).0 > 1
 }
 
 /// How long a dispatch's wait polls the device before it sleeps on the fence: a decode-sized
@@ -477,7 +496,7 @@ fn copy_part(bytes: &[u8], out: &mut [i32]) {
 }
 
 /// Runs the jobs in one submission with one read-back: job i's `t x n` i32 accumulators,
-/// row-major, go into `outs[i]`; `gemv` runs a job when `t <= gemv_rows` (at most [`GEMV_MAX_T`]).
+/// row-major, go into `outs[i]`; `tuning` picks each job's entry point and K slices.
 /// Every job must have rows and columns; a job's operands must each fit one binding (the caller
 /// splits larger ones).
 pub(crate) fn dispatch(
@@ -486,13 +505,13 @@ pub(crate) fn dispatch(
     scratch: &mut Scratch,
     profile: &Profile,
     jobs: &[DeviceJob<'_>],
-    gemv_rows: usize,
+    tuning: Tuning,
     outs: &mut [&mut [i32]],
 ) -> Result<()> {
     let start = Instant::now();
     let (placed, need) = place(jobs);
     let bufs = scratch.ensure(gpu, &need);
-    let groups = prepare(gpu, pipeline, bufs, jobs, &placed);
+    let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
     let prepared = Instant::now();
     let mut encoder = gpu
         .device
@@ -500,7 +519,7 @@ pub(crate) fn dispatch(
             label: Some("gemm"),
         });
     for (job, p) in jobs.iter().zip(&placed) {
-        if adds(job, gemv_rows) {
+        if adds(job, tuning) {
             encoder.clear_buffer(&bufs.out, p.out, Some(p.out_bytes));
         }
     }
@@ -517,7 +536,7 @@ pub(crate) fn dispatch(
                 job.t,
                 job.rhs.n(),
                 job.k,
-                gemv_rows,
+                tuning,
                 1,
             );
         }
@@ -554,7 +573,7 @@ pub(crate) fn dispatch(
         .iter()
         .map(|j| j.a_packed.len() as u64 + j.rhs.upload())
         .sum();
-    let gemv = jobs.iter().filter(|j| uses_gemv(j.t, gemv_rows)).count();
+    let gemv = jobs.iter().filter(|j| uses_gemv(j.t, tuning)).count();
     profile.add(
         jobs.len(),
         gemv,
@@ -577,13 +596,13 @@ pub(crate) fn kernel_seconds(
     pipeline: &Pipeline,
     scratch: &mut Scratch,
     job: &DeviceJob<'_>,
-    gemv_rows: usize,
+    tuning: Tuning,
     reps: usize,
 ) -> Result<f64> {
     let jobs = std::slice::from_ref(job);
     let (placed, need) = place(jobs);
     let bufs = scratch.ensure(gpu, &need);
-    let groups = prepare(gpu, pipeline, bufs, jobs, &placed);
+    let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
     let wait = |submission| {
         gpu.device
             .poll(wgpu::PollType::Wait {
@@ -613,7 +632,7 @@ pub(crate) fn kernel_seconds(
                 job.t,
                 job.rhs.n(),
                 job.k,
-                gemv_rows,
+                tuning,
                 reps,
             );
         }

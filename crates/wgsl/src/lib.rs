@@ -23,7 +23,7 @@ mod select;
 pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K};
 pub use device::{AdapterSummary, adapters};
 pub use error::{Error, Result};
-pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, GEMV_MAX_T, Kernel};
+pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, GEMV_MAX_T, Kernel, Tuning};
 pub use profile::GpuProfile;
 pub use residency::{LayerResidency, MAX_LIVE_LAYERS, MatrixShape};
 pub use select::{BackendChoice, Selected, select, select_auto};
