@@ -645,3 +645,40 @@ pub(crate) fn kernel_seconds(
     gpu.take_error()?;
     Ok(secs / reps.max(1) as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_k_covers_every_stage_once_and_only_splits_few_tiles() {
+        let tuning = Tuning::default();
+        for t in [17, 128, 512, 597, 4096] {
+            for n in [2, 192, 1536, 2048, 17920, 49152] {
+                for k in [1, 64, 65, 576, 1536, 8960, 131_071] {
+                    let (slices, per) = split_k(t, n, k, tuning);
+                    let stages = row_bytes(k) / ROW_ALIGN;
+                    // The slices tile the stages: none empty, none past the end.
+                    assert!(slices >= 1 && per >= 1, "{t} {n} {k}");
+                    assert!(slices * per >= stages && (slices - 1) * per < stages);
+                    let groups = n.div_ceil(TILE) * t.div_ceil(TILE);
+                    if groups >= tuning.split_below {
+                        assert_eq!(slices, 1, "{t} {n} {k}: enough tiles, no split");
+                    }
+                    if slices > 1 {
+                        assert!(per >= tuning.min_slice, "{t} {n} {k}: slices of {per}");
+                    }
+                }
+            }
+        }
+        // The products that split at T = 512 on the 1.39 B model, and one that does not.
+        assert_eq!(split_k(512, 1536, 1536, tuning), (8, 3));
+        assert_eq!(split_k(512, 1536, 8960, tuning), (11, 13));
+        assert_eq!(split_k(512, 17920, 1536, tuning).0, 1);
+        let never = Tuning {
+            split_below: 0,
+            ..tuning
+        };
+        assert_eq!(split_k(512, 1536, 8960, never).0, 1);
+    }
+}
