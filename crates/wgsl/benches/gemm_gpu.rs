@@ -10,7 +10,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use daisy_gemm_int8::{PackedWeights, gemm, quantize_rows, seeded_matrix};
-use daisy_wgsl::{Error, GEMV_MAX_T, GpuBackend, Tuning};
+use daisy_wgsl::{Error, GEMV_MAX_T, GpuBackend, GpuWeights, Tuning};
 
 /// T values: decode, a prefill chunk of the cached path (at most 16 rows), a long prompt.
 const TS: [usize; 4] = [1, 16, 64, 512];
@@ -63,6 +63,34 @@ fn open() -> Option<GpuBackend> {
     }
 }
 
+/// One product timed by the kernel alone ([`GpuBackend::kernel_seconds`]).
+#[derive(Clone, Copy)]
+struct Kernel<'a> {
+    a: &'a [i8],
+    t: usize,
+    w: &'a GpuWeights,
+    ops: u64,
+    id: &'a BenchmarkId,
+}
+
+impl Kernel<'_> {
+    fn bench(self, c: &mut Criterion, gpu: &GpuBackend, group_name: String) {
+        let mut group = c.benchmark_group(group_name);
+        group.throughput(Throughput::Elements(self.ops));
+        group.sample_size(10);
+        group.bench_function(self.id.clone(), |bench| {
+            bench.iter_custom(|iters| {
+                let reps = (iters.max(1) as usize).min(KERNEL_REPS);
+                let per = gpu
+                    .kernel_seconds(self.a, self.t, self.w, reps)
+                    .expect("gpu kernel");
+                std::time::Duration::from_secs_f64(per * iters as f64)
+            });
+        });
+        group.finish();
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let Some(mut gpu) = open() else { return };
     gpu.set_cpu_below(0);
@@ -79,36 +107,19 @@ fn bench(c: &mut Criterion) {
             let ops = 2 * (t * k * n) as u64;
             let id = BenchmarkId::new(name, format!("t{t}_k{k}_n{n}"));
 
-            let mut group = c.benchmark_group("gpu_kernel");
-            group.throughput(Throughput::Elements(ops));
-            group.sample_size(10);
-            group.bench_with_input(id.clone(), &t, |bench, &t| {
-                bench.iter_custom(|iters| {
-                    let reps = iters.max(1) as usize;
-                    let per = gpu
-                        .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
-                        .expect("gpu kernel");
-                    std::time::Duration::from_secs_f64(per * iters as f64)
-                });
-            });
-            group.finish();
+            let kernel = Kernel {
+                a: qa.q(),
+                t,
+                w: &resident,
+                ops,
+                id: &id,
+            };
+            kernel.bench(c, &gpu, "gpu_kernel".into());
 
             if t == 16 {
                 // The same rows through `tiled` instead of `gemv`: the choice of entry point.
                 gpu.set_gemv_rows(0);
-                let mut group = c.benchmark_group("gpu_kernel_tiled");
-                group.throughput(Throughput::Elements(ops));
-                group.sample_size(10);
-                group.bench_with_input(id.clone(), &t, |bench, &t| {
-                    bench.iter_custom(|iters| {
-                        let reps = iters.max(1) as usize;
-                        let per = gpu
-                            .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
-                            .expect("gpu kernel");
-                        std::time::Duration::from_secs_f64(per * iters as f64)
-                    });
-                });
-                group.finish();
+                kernel.bench(c, &gpu, "gpu_kernel_tiled".into());
                 gpu.set_gemv_rows(GEMV_MAX_T);
             }
 
@@ -120,20 +131,7 @@ fn bench(c: &mut Criterion) {
                         min_slice,
                         ..Tuning::default()
                     });
-                    let mut group =
-                        c.benchmark_group(format!("gpu_kernel_split_{below}_{min_slice}"));
-                    group.throughput(Throughput::Elements(ops));
-                    group.sample_size(10);
-                    group.bench_with_input(id.clone(), &t, |bench, &t| {
-                        bench.iter_custom(|iters| {
-                            let reps = iters.max(1) as usize;
-                            let per = gpu
-                                .kernel_seconds(qa.q(), t, &resident, reps.min(KERNEL_REPS))
-                                .expect("gpu kernel");
-                            std::time::Duration::from_secs_f64(per * iters as f64)
-                        });
-                    });
-                    group.finish();
+                    kernel.bench(c, &gpu, format!("gpu_kernel_split_{below}_{min_slice}"));
                 }
                 gpu.set_tuning(Tuning::default());
             }
