@@ -161,6 +161,24 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         stat(&best, "decode_lap_ms", "p99_ms")?,
         "ms",
     ));
+    // Where the best run's decode lap went: each stage's step (p50) and the rest, the wire.
+    let split = &best["lap_split"];
+    let stages = split["stages"].as_array().context("lap_split.stages")?;
+    let compute = split["compute_p50_ms"]
+        .as_array()
+        .context("lap_split.compute_p50_ms")?;
+    for (name, ms) in stages.iter().zip(compute) {
+        if let (Some(name), Some(ms)) = (name.as_str(), ms.as_f64()) {
+            figures.push(fig(&format!("decode_step_p50_{name}"), ms, "ms"));
+        }
+    }
+    figures.push(fig(
+        "decode_lap_wire_p50",
+        split["wire_p50_ms"]
+            .as_f64()
+            .context("lap_split.wire_p50_ms")?,
+        "ms",
+    ));
     figures.push(fig("hop_p50", stat(&best, "hop_ms", "p50_ms")?, "ms"));
     figures.push(fig("hop_p99", stat(&best, "hop_ms", "p99_ms")?, "ms"));
 

@@ -31,6 +31,12 @@ use webrtc::peer_connection::{
 pub(crate) const SEND_BUFFER_LIMIT: usize = 1 << 20;
 /// Whole messages queued on the receiving side before the transport stops draining SCTP.
 const RECV_QUEUE: usize = 64;
+/// SCTP's packet budget on a loopback link, against webrtc's default of 1191 (the IPv6 minimum MTU
+/// through a TURN relay). A packet travels as one DTLS record (37 bytes more) in one UDP datagram,
+/// which webrtc receives into 1500 bytes per datagram: 1400 keeps clear of that. A SmolLM2
+/// activation (576 f32 and its header, about 2.4 KB) then takes two datagrams instead of three, and
+/// every datagram a hop saves is a pass of the sender's and the receiver's transport.
+const LOOPBACK_SCTP_MTU: u32 = 1400;
 /// Longest wait for ICE gathering; what was gathered by then is sent.
 const GATHER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest wait from the answer to an open channel.
@@ -425,7 +431,13 @@ impl Conn {
         // mDNS off: candidates name the address the signaling connection used, never a `.local`
         // name, and its multicast socket cannot even be made on a host without a multicast route
         // (an isolated LAN with no gateway: building the connection failed with "No such device").
-        let settings = SettingEngineBuilder::new()
+        let mut settings = SettingEngineBuilder::new();
+        if cfg.bind.is_loopback() {
+            // Both ends on this machine: the path is loopback, whose MTU is far above any
+            // datagram here, so SCTP may fill a datagram up to webrtc's receive buffer.
+            settings = settings.with_sctp_mtu(LOOPBACK_SCTP_MTU);
+        }
+        let settings = settings
             .with_ice_timeouts(
                 Some(Duration::from_millis(1500)),
                 Some(Duration::from_millis(1000)),

@@ -1535,6 +1535,18 @@ fn links_of_50_ms_each_way_give_the_ids_of_verify() {
         median >= 150.0,
         "a lap of {median} ms over three 50 ms links"
     );
+    // The report's split of a lap puts those delays on the wire, not in any stage's step.
+    let split = &report["lap_split"];
+    let wire = split["wire_p50_ms"]
+        .as_f64()
+        .expect("lap_split.wire_p50_ms");
+    assert!(wire >= 150.0, "{split}");
+    let steps = split["compute_p50_ms"].as_array().expect("compute_p50_ms");
+    assert_eq!(steps.len(), 3, "{split}");
+    for ms in steps {
+        let ms = ms.as_f64().expect("every stage reported its steps");
+        assert!(ms > 0.0 && ms < 50.0, "{split}");
+    }
     assert!(lab.counts().0 > 0);
 }
 

@@ -1754,7 +1754,8 @@ impl Ring<'_> {
             None => None,
         };
         let hop_ms = hop_stats.as_ref().map(|h| h.p50_ms);
-        let picture = if matches!(job.sink, Sink::Client(_)) {
+        // Where a decode lap went: for a client's picture, and the report's medians.
+        let picture = if stdout_json || matches!(job.sink, Sink::Client(_)) {
             Some(self.picture(turn, &lap_ms).await)
         } else {
             None
@@ -1912,6 +1913,7 @@ impl Ring<'_> {
                 lap_ms: stats,
                 decode_lap_ms: decode_stats,
                 hop_ms: hop_stats,
+                lap_split: picture.as_ref().map(LapSplit::of),
                 bytes_sent_by_head: self.bytes_sent(),
                 bytes_served: self
                     .settings
@@ -1961,6 +1963,38 @@ struct LapStats {
     p99_ms: f64,
 }
 
+/// A turn's [`Picture`] in medians: each stage's compute in a decode lap, and the rest, the wire.
+#[derive(Serialize)]
+struct LapSplit {
+    /// The stages, head first.
+    stages: Vec<String>,
+    /// Per stage, the median of its compute per decode lap (`None`: the member did not report).
+    compute_p50_ms: Vec<Option<f64>>,
+    /// The median of each decode lap less its members' compute.
+    wire_p50_ms: f64,
+}
+
+impl LapSplit {
+    fn of(p: &Picture) -> Self {
+        let median = |ms: Vec<f64>| (!ms.is_empty()).then(|| lap_stats(ms).p50_ms);
+        let compute_p50_ms = (0..p.stages.len())
+            .map(|i| {
+                median(
+                    p.compute_ms
+                        .iter()
+                        .filter_map(|row| row.get(i).copied().flatten())
+                        .collect(),
+                )
+            })
+            .collect();
+        Self {
+            stages: p.stages.clone(),
+            compute_p50_ms,
+            wire_p50_ms: median(p.wire_ms.clone()).unwrap_or(0.0),
+        }
+    }
+}
+
 fn lap_stats(mut ms: Vec<f64>) -> LapStats {
     ms.sort_by(f64::total_cmp);
     let at = |q: f64| {
@@ -2003,6 +2037,8 @@ struct RingReport {
     /// One hop on the wire: half the round trip of a heartbeat on the head's link to each member,
     /// measured after the turn (`--format json` only).
     hop_ms: Option<LapStats>,
+    /// Where a decode lap went, in medians over the turn's decode laps.
+    lap_split: Option<LapSplit>,
     bytes_sent_by_head: u64,
     /// Bytes of the head's model folder each member fetched (when the head serves its folder).
     bytes_served: Option<std::collections::BTreeMap<String, u64>>,
