@@ -466,6 +466,9 @@ async fn member_session(
     socket
         .send(WsMessage::Text(welcome.to_json().into()))
         .await?;
+    // Counted as opening before it is announced, so a turn that starts right after the
+    // announcement waits for its control link rather than running without it.
+    shared.opening.fetch_add(1, Ordering::SeqCst);
     eprintln!("head: {device} joined from {}", addr.ip());
     let (mut sink, mut stream) = socket.split();
     let writer = tokio::spawn(async move {
@@ -485,7 +488,6 @@ async fn member_session(
     {
         let shared = shared.clone();
         let device = device.clone();
-        shared.opening.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let link = shared.link_id();
             match shared.offer_to(&device, Role::Control, link).await {
