@@ -3,7 +3,7 @@
 //! Only declared dependencies of kind normal count (optional ones included; dev- and
 //! build-dependencies do not), matched by package name, so a `rename` does not hide one. Each
 //! offending dependency is one line, reported by the first rule it breaks:
-//! - the async runtime and the network stack (`tokio`, `webrtc`, `axum`, …) only in `node`;
+//! - the async runtime and the network stack (`tokio`, `rtc`, `axum`, …) only in `node`;
 //! - HTTP (`reqwest`) only in `daisy-loader`;
 //! - `tokenizers` is the oracle of `daisy-tokenizer`: a dev-dependency, never a normal one;
 //! - nothing async in the sync crates (`daisy-gemm-int8`, `daisy-model`, `daisy-wire`, `daisy-ring`,
@@ -19,7 +19,15 @@ use anyhow::{bail, ensure};
 use serde_json::Value;
 
 /// Only `node` knows tokio, WebRTC and the HTTP server.
-const NODE_ONLY: &[&str] = &["tokio", "webrtc", "axum", "tokio-util", "hyper", "tower"];
+const NODE_ONLY: &[&str] = &[
+    "tokio",
+    "rtc",
+    "webrtc",
+    "axum",
+    "tokio-util",
+    "hyper",
+    "tower",
+];
 
 /// Only `daisy-loader` speaks HTTP.
 const LOADER_ONLY: &[&str] = &["reqwest"];

@@ -1,46 +1,69 @@
 //! One link of the ring: a WebRTC peer connection carrying one ordered, reliable, DTLS-encrypted data
 //! channel, over which whole `wire` messages travel as frames of at most 64 KiB.
 //!
-//! Signaling is not trickled: each side waits for ICE gathering to complete, so the one session
-//! description it hands to the signaling server already lists every candidate (host candidates on the
-//! address the signaling connection used, plus server-reflexive ones with `--stun`).
+//! The protocol is webrtc-rs's sans-I/O core (`rtc`: ICE, DTLS, SCTP, data channels); the I/O is
+//! this module's. Each link owns one UDP socket and one thread that reads it, feeds the core, and
+//! delivers whole messages the moment their last packet is read — straight into the consumer's
+//! queue, or its own callback ([`Link::forward`], a stage's compute thread); a sender hands its
+//! message to the core and puts the packets on the wire from its own thread. A decode hop thus costs
+//! one thread wake-up (the receiver's), where webrtc's async driver cost a pass of its event loop and
+//! several task hand-offs at both ends (docs/performance.md measures both).
+//!
+//! Signaling is not trickled: each side lists every candidate in the one session description it hands
+//! to the signaling server (a host candidate on the address the signaling connection used, plus a
+//! server-reflexive one with `--stun`).
 //!
 //! Sending waits while more than [`SEND_BUFFER_LIMIT`] bytes are handed to SCTP and not yet
-//! acknowledged (webrtc's buffer is unbounded otherwise). Receiving reassembles frames under the
-//! wire's bounds; a frame the reassembler refuses ends the link with that refusal. A dead peer is
-//! noticed by ICE consent freshness: the connection turns `Failed` about 2.5 s after its last packet.
+//! acknowledged. Receiving reassembles frames under the wire's bounds; a frame the reassembler
+//! refuses ends the link with that refusal. A dead peer is noticed by ICE consent freshness: the
+//! connection turns `Failed` about 2.5 s after its last packet.
 
-use std::net::IpAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::BytesMut;
 use daisy_wire::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, split};
-use tokio::sync::{Mutex, mpsc, watch};
-use tokio::task::JoinHandle;
-use webrtc::data_channel::{DataChannel, DataChannelEvent, RTCDataChannelInit};
-use webrtc::peer_connection::{
-    PeerConnection, PeerConnectionBuilder, PeerConnectionEventHandler, RTCConfigurationBuilder,
-    RTCIceGatheringState, RTCIceServer, RTCPeerConnectionState, RTCSessionDescription,
-    SettingEngineBuilder,
+use rtc::data_channel::{RTCDataChannelId, RTCDataChannelInit};
+use rtc::peer_connection::configuration::RTCConfigurationBuilder;
+use rtc::peer_connection::configuration::setting_engine::SettingEngineBuilder;
+use rtc::peer_connection::event::{RTCDataChannelEvent, RTCPeerConnectionEvent};
+use rtc::peer_connection::message::{RTCMessage, TaggedRTCMessage};
+use rtc::peer_connection::sdp::RTCSessionDescription;
+use rtc::peer_connection::state::RTCPeerConnectionState;
+use rtc::peer_connection::transport::{
+    CandidateConfig, CandidateHostConfig, CandidateServerReflexiveConfig, RTCIceCandidate,
+    RTCIceCandidateInit,
 };
+use rtc::peer_connection::{RTCPeerConnection, RTCPeerConnectionBuilder};
+use rtc::sansio::Protocol;
+use rtc::shared::{TaggedBytesMut, TransportContext, TransportProtocol};
+use tokio::sync::{Mutex, mpsc, watch};
 
 /// Bytes handed to SCTP and not yet acknowledged before [`Link::send`] waits.
 pub(crate) const SEND_BUFFER_LIMIT: usize = 1 << 20;
-/// Whole messages queued on the receiving side before the transport stops draining SCTP.
+/// Whole messages queued on the receiving side before the link stops draining SCTP (the peer's
+/// sends then wait on SCTP's receive window).
 const RECV_QUEUE: usize = 64;
-/// SCTP's packet budget on a loopback link, against webrtc's default of 1191 (the IPv6 minimum MTU
-/// through a TURN relay). A packet travels as one DTLS record (37 bytes more) in one UDP datagram,
-/// which webrtc receives into 1500 bytes per datagram: 1400 keeps clear of that. A SmolLM2
-/// activation (576 f32 and its header, about 2.4 KB) then takes two datagrams instead of three, and
-/// every datagram a hop saves is a pass of the sender's and the receiver's transport.
-const LOOPBACK_SCTP_MTU: u32 = 1400;
-/// Longest wait for ICE gathering; what was gathered by then is sent.
-const GATHER_TIMEOUT: Duration = Duration::from_secs(5);
+/// SCTP's packet budget on a loopback link, against the core's default of 1191 (the IPv6 minimum MTU
+/// through a TURN relay). A packet travels as one DTLS record in one UDP datagram; loopback carries
+/// 64 KiB datagrams and this module reads into [`RECV_BUFFER`] bytes, so a SmolLM2 activation
+/// (576 f32 and its header, about 2.4 KB) or a 1.5 B model's (6 KB) is one datagram, and every
+/// datagram a hop saves is a pass of the sender's and the receiver's transport.
+const LOOPBACK_SCTP_MTU: u32 = 8192;
+/// Bytes one datagram is read into (the largest UDP payload).
+const RECV_BUFFER: usize = 65_536;
+/// The longest a link's thread sleeps in a read before it looks at the core's timers again (a send
+/// from another thread may have armed an earlier one) and at whether the link was closed.
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// Longest wait for a STUN server's answer while gathering.
+const STUN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest wait from the answer to an open channel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// How often a sender waiting for room in SCTP's buffer looks again if no acknowledgement woke it.
+const SPACE_POLL: Duration = Duration::from_millis(50);
 
 /// Where a link gathers its candidates.
 #[derive(Clone, Debug)]
@@ -54,57 +77,51 @@ pub(crate) struct LinkConfig {
 
 /// Create the offering side of a link; returns it and the offer to send (JSON, every candidate).
 pub(crate) async fn offer(cfg: &LinkConfig) -> Result<(PendingOffer, String)> {
-    let conn = Conn::build(cfg).await?;
-    let dc = conn
-        .pc
-        .create_data_channel(
+    let cfg = cfg.clone();
+    let (conn, sdp) = tokio::task::spawn_blocking(move || -> Result<(Conn, String)> {
+        let (mut pc, socket) = build(&cfg)?;
+        pc.create_data_channel(
             "ring",
             Some(RTCDataChannelInit {
                 ordered: true,
                 ..Default::default()
             }),
         )
-        .await
         .context("creating the data channel")?;
-    let desc = conn
-        .pc
-        .create_offer(None)
-        .await
-        .context("creating the offer")?;
-    conn.pc
-        .set_local_description(desc)
-        .await
-        .context("setting the local offer")?;
-    let sdp = conn.gathered().await?;
-    Ok((PendingOffer { conn, dc }, sdp))
+        let desc = pc.create_offer(None).context("creating the offer")?;
+        pc.set_local_description(Instant::now(), desc)
+            .context("setting the local offer")?;
+        let sdp = described(&pc)?;
+        Ok((Conn::start(pc, socket)?, sdp))
+    })
+    .await
+    .context("the link's setup stopped")??;
+    Ok((PendingOffer { conn }, sdp))
 }
 
 /// Create the answering side of a link from the peer's offer; returns it and the answer to send.
 pub(crate) async fn answer(cfg: &LinkConfig, offer: &str) -> Result<(PendingAnswer, String)> {
     let remote: RTCSessionDescription =
         serde_json::from_str(offer).context("the offer is not a session description")?;
-    let conn = Conn::build(cfg).await?;
-    conn.pc
-        .set_remote_description(remote)
-        .await
-        .context("applying the peer's offer")?;
-    let desc = conn
-        .pc
-        .create_answer(None)
-        .await
-        .context("creating the answer")?;
-    conn.pc
-        .set_local_description(desc)
-        .await
-        .context("setting the local answer")?;
-    let sdp = conn.gathered().await?;
+    let cfg = cfg.clone();
+    let (conn, sdp) = tokio::task::spawn_blocking(move || -> Result<(Conn, String)> {
+        let (mut pc, socket) = build(&cfg)?;
+        pc.set_remote_description(Instant::now(), remote)
+            .context("applying the peer's offer")?;
+        let desc = pc.create_answer(None).context("creating the answer")?;
+        pc.set_local_description(Instant::now(), desc)
+            .context("setting the local answer")?;
+        let sdp = described(&pc)?;
+        Ok((Conn::start(pc, socket)?, sdp))
+    })
+    .await
+    .context("the link's setup stopped")??;
     Ok((PendingAnswer { conn }, sdp))
 }
 
 /// An offer sent, waiting for the peer's answer.
 pub(crate) struct PendingOffer {
     conn: Conn,
-    dc: Arc<dyn DataChannel>,
 }
 
 impl PendingOffer {
@@ -112,15 +129,15 @@ impl PendingOffer {
     pub(crate) async fn accept(self, answer: &str) -> Result<Link> {
         let remote: RTCSessionDescription =
             serde_json::from_str(answer).context("the answer is not a session description")?;
-        self.conn
-            .pc
-            .set_remote_description(remote)
-            .await
-            .context("applying the peer's answer")?;
-        tokio::time::timeout(CONNECT_TIMEOUT, wait_open(&self.conn, &self.dc))
-            .await
-            .map_err(|_| anyhow!("the data channel did not open within {CONNECT_TIMEOUT:?}"))??;
-        Ok(Link::start(self.conn, self.dc))
+        {
+            let mut core = self.conn.shared.lock();
+            core.pc
+                .set_remote_description(Instant::now(), remote)
+                .context("applying the peer's answer")?;
+            self.conn.shared.flush(&mut core);
+        }
+        self.conn.opened().await?;
+        Ok(Link::start(self.conn))
     }
 }
 
@@ -131,36 +148,19 @@ pub(crate) struct PendingAnswer {
 
 impl PendingAnswer {
     /// Wait for the offerer's data channel to arrive and open.
-    pub(crate) async fn connected(mut self) -> Result<Link> {
-        let mut channels = self
-            .conn
-            .channels
-            .take()
-            .context("the channel was taken already")?;
-        let mut state = self.conn.state.clone();
-        let dc = tokio::time::timeout(CONNECT_TIMEOUT, async {
-            let dc = tokio::select! {
-                dc = channels.recv() => dc.context("the connection closed before its channel came")?,
-                s = terminal(&mut state) => bail!("the connection is {s} before its channel came"),
-            };
-            wait_open(&self.conn, &dc).await?;
-            Ok(dc)
-        })
-        .await
-        .map_err(|_| anyhow!("the data channel did not open within {CONNECT_TIMEOUT:?}"))??;
-        Ok(Link::start(self.conn, dc))
+    pub(crate) async fn connected(self) -> Result<Link> {
+        self.conn.opened().await?;
+        Ok(Link::start(self.conn))
     }
 }
 
-/// An open link: whole messages each way.
 /// The sending end of a link for a thread outside the runtime's tasks (a stage's compute thread):
-/// a message of at most [`DIRECT_MAX_BYTES`] goes out from the calling thread when nothing waits
-/// in the queue — one thread wake-up fewer per hop, which a decode lap pays at every stage; a larger
-/// one, or one behind a queued one, goes through a task, so the computing thread never waits on the
-/// network for a big (prefill) message. Messages leave in the order they are given.
+/// a message that fits in SCTP's buffer goes out from the calling thread when nothing waits in the
+/// queue — no thread wake-up at all on this side of a hop; one that does not, or one behind a queued
+/// one, goes through a task, so the computing thread never waits on the network for a big (prefill)
+/// message. Messages leave in the order they are given.
 pub(crate) struct Outbox {
     link: Arc<Link>,
-    runtime: tokio::runtime::Handle,
     queue: mpsc::Sender<Vec<u8>>,
     /// Messages handed to the task and not yet sent by it.
     queued: Arc<AtomicUsize>,
@@ -170,9 +170,6 @@ pub(crate) struct Outbox {
 
 /// What an [`Outbox`] does, once, when a send fails.
 type OnError = Box<dyn FnOnce(anyhow::Error) + Send>;
-
-/// The largest message an [`Outbox`] sends from the calling thread (one frame on the wire).
-const DIRECT_MAX_BYTES: usize = 64 << 10;
 
 /// Messages an [`Outbox`]'s task holds before the sender waits.
 const OUTBOX_QUEUE: usize = 4;
@@ -210,7 +207,6 @@ impl Outbox {
         tokio::spawn(task);
         Self {
             link,
-            runtime: tokio::runtime::Handle::current(),
             queue,
             queued,
             failed,
@@ -226,12 +222,15 @@ impl Outbox {
             bail!("the link failed");
         }
         // Only this thread adds to the queue, so an empty queue stays empty while it sends.
-        if bytes.len() <= DIRECT_MAX_BYTES && self.queued.load(Ordering::Acquire) == 0 {
-            if let Err(e) = self.runtime.block_on(self.link.send(&bytes)) {
-                fail(&self.failed, &self.on_error, e);
-                bail!("the link failed");
+        if self.queued.load(Ordering::Acquire) == 0 {
+            match self.link.send_now(&bytes) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    fail(&self.failed, &self.on_error, e);
+                    bail!("the link failed");
+                }
             }
-            return Ok(());
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
         if self.queue.blocking_send(bytes).is_err() {
@@ -251,57 +250,84 @@ fn fail(failed: &AtomicBool, on_error: &std::sync::Mutex<Option<OnError>>, e: an
     }
 }
 
+/// An open link: whole messages each way.
 pub(crate) struct Link {
     conn: Conn,
-    dc: Arc<dyn DataChannel>,
     inbound: Mutex<mpsc::Receiver<Result<Vec<u8>, String>>>,
     next_id: AtomicU64,
-    sent: AtomicU64,
-    /// Messages the peer began sending on this link and has not finished (frames reassembling).
-    partial: Arc<AtomicU64>,
-    pump: JoinHandle<()>,
 }
 
 impl Link {
-    fn start(conn: Conn, dc: Arc<dyn DataChannel>) -> Self {
+    fn start(conn: Conn) -> Self {
         let (tx, rx) = mpsc::channel(RECV_QUEUE);
-        let partial = Arc::new(AtomicU64::new(0));
-        let pump = tokio::spawn(pump(dc.clone(), conn.state.clone(), tx, partial.clone()));
+        {
+            let mut core = conn.shared.lock();
+            if let Sink::Held(kept) = std::mem::replace(&mut core.sink, Sink::Closed) {
+                // At most `RECV_QUEUE` are held: they fit.
+                for m in kept {
+                    let _ = tx.try_send(m);
+                }
+            }
+            // The channel may have closed, or a frame been refused, before the link was handed
+            // over: then the queue ends after what it holds.
+            if !core.ended {
+                core.sink = Sink::Queue(tx);
+            }
+            conn.shared.flush(&mut core);
+        }
         Self {
             conn,
-            dc,
             inbound: Mutex::new(rx),
             next_id: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
-            partial,
-            pump,
         }
+    }
+
+    /// The frames of one message, in order.
+    fn frames(&self, message: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "test-hooks")]
+        if let Some(raw) = crate::test_hooks::raw_frames(id, message) {
+            return Ok(raw);
+        }
+        Ok(split(id, message)?.iter().map(|f| f.to_bytes()).collect())
     }
 
     /// Send one whole message (any size the wire allows), frame by frame, each waiting while the
     /// send buffer is full. Fails once the channel is closed or the connection failed.
     pub(crate) async fn send(&self, message: &[u8]) -> Result<()> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "test-hooks")]
-        let raw = crate::test_hooks::raw_frames(id, message);
-        #[cfg(not(feature = "test-hooks"))]
-        let raw: Option<Vec<Vec<u8>>> = None;
-        let frames = match raw {
-            Some(raw) => raw,
-            None => split(id, message)?.iter().map(|f| f.to_bytes()).collect(),
-        };
-        let mut state = self.conn.state.clone();
-        for bytes in frames {
-            #[cfg(feature = "test-hooks")]
-            crate::test_hooks::dump_sent(&bytes);
-            let n = bytes.len() as u64;
-            tokio::select! {
-                r = self.dc.send(BytesMut::from(&bytes[..])) => r.context("sending on the data channel")?,
-                s = terminal(&mut state) => bail!("the connection is {s}"),
+        let shared = &self.conn.shared;
+        for bytes in self.frames(message)? {
+            let mut acked = shared.acked.subscribe();
+            loop {
+                {
+                    let mut core = shared.lock();
+                    if shared.room(&mut core, bytes.len())? {
+                        shared.write(&mut core, &bytes)?;
+                        break;
+                    }
+                }
+                let _ = tokio::time::timeout(SPACE_POLL, acked.changed()).await;
             }
-            self.sent.fetch_add(n, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    /// Send one whole message from the calling thread if all of it fits in SCTP's buffer now;
+    /// `false` (nothing sent) if it does not.
+    fn send_now(&self, message: &[u8]) -> Result<bool> {
+        let shared = &self.conn.shared;
+        let frames = self.frames(message)?;
+        let total: usize = frames.iter().map(Vec::len).sum();
+        let mut core = shared.lock();
+        if !shared.room(&mut core, total)? {
+            // The id was taken; the message goes out under the next one, which the peer accepts
+            // (ids only have to differ between messages in flight).
+            return Ok(false);
+        }
+        for bytes in &frames {
+            shared.write(&mut core, bytes)?;
+        }
+        Ok(true)
     }
 
     /// The next whole message; `None` once the channel closed or the connection failed, an error
@@ -315,199 +341,534 @@ impl Link {
             .map(|r| r.map_err(|e| anyhow!(e)))
     }
 
+    /// Hand every message from now on to `deliver`, on the link's own thread, as it completes
+    /// (messages already queued for [`recv`](Self::recv) first); `recv` then returns `None`. For a
+    /// consumer that is a thread of its own: one wake-up per message, none of the runtime's.
+    /// `deliver` must not block; after an `Err` nothing more comes.
+    pub(crate) fn forward(&self, deliver: impl FnMut(Result<Vec<u8>, String>) + Send + 'static) {
+        let mut deliver: Box<dyn FnMut(Result<Vec<u8>, String>) + Send> = Box::new(deliver);
+        let mut core = self.conn.shared.lock();
+        // Holding the core, nothing new reaches the queue; what is in it goes first.
+        if let Ok(mut rx) = self.inbound.try_lock() {
+            while let Ok(m) = rx.try_recv() {
+                deliver(m);
+            }
+        }
+        if !core.ended {
+            core.sink = Sink::Direct(deliver);
+        }
+        self.conn.shared.flush(&mut core);
+    }
+
     /// Messages the peer began and has not finished sending on this link.
     pub(crate) fn partial(&self) -> u64 {
-        self.partial.load(Ordering::Relaxed)
+        self.conn.shared.partial.load(Ordering::Relaxed)
     }
 
     /// Bytes sent so far, frame headers included.
     pub(crate) fn bytes_sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+        self.conn.shared.sent.load(Ordering::Relaxed)
     }
 
     /// Close the channel and the connection (the peer sees the channel close at once).
     pub(crate) async fn close(&self) {
-        let _ = self.dc.close().await;
-        let _ = self.conn.pc.close().await;
+        self.conn.close();
     }
 }
 
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.pump.abort();
-    }
-}
-
-/// Move the channel's frames through a reassembler into the inbound queue until it closes.
-async fn pump(
-    dc: Arc<dyn DataChannel>,
-    mut state: watch::Receiver<RTCPeerConnectionState>,
-    tx: mpsc::Sender<Result<Vec<u8>, String>>,
-    partial: Arc<AtomicU64>,
-) {
-    let mut frames = Reassembler::new(DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_IN_FLIGHT);
-    loop {
-        tokio::select! {
-            event = dc.poll() => match event {
-                Some(DataChannelEvent::OnMessage(msg)) => match frames.push(&msg.data).inspect(|_| {
-                    partial.store(frames.in_flight() as u64, Ordering::Relaxed);
-                }) {
-                    Ok(Some(message)) => {
-                        if tx.send(Ok(message)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(format!("refused a frame: {e}"))).await;
-                        return;
-                    }
-                },
-                Some(DataChannelEvent::OnClose) | None => return,
-                Some(_) => {}
-            },
-            _ = terminal(&mut state) => return,
-        }
-    }
-}
-
-async fn wait_open(conn: &Conn, dc: &Arc<dyn DataChannel>) -> Result<()> {
-    let mut state = conn.state.clone();
-    loop {
-        tokio::select! {
-            event = dc.poll() => match event {
-                Some(DataChannelEvent::OnOpen) => return Ok(()),
-                Some(DataChannelEvent::OnClose) | None => bail!("the data channel closed before it opened"),
-                Some(_) => {}
-            },
-            s = terminal(&mut state) => bail!("the connection is {s} before its channel opened"),
-        }
-    }
-}
-
-/// Wait for `Failed` or `Closed`.
-async fn terminal(state: &mut watch::Receiver<RTCPeerConnectionState>) -> RTCPeerConnectionState {
-    match state
-        .wait_for(|s| {
-            matches!(
-                s,
-                RTCPeerConnectionState::Failed | RTCPeerConnectionState::Closed
-            )
-        })
-        .await
-    {
-        Ok(s) => *s,
-        Err(_) => RTCPeerConnectionState::Closed,
-    }
-}
-
+/// A peer connection and the thread that drives it; stopped when dropped.
 struct Conn {
-    pc: Arc<dyn PeerConnection>,
-    state: watch::Receiver<RTCPeerConnectionState>,
-    gathering: watch::Receiver<RTCIceGatheringState>,
-    channels: Option<mpsc::Receiver<Arc<dyn DataChannel>>>,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Conn {
-    async fn build(cfg: &LinkConfig) -> Result<Self> {
-        let (state_tx, state) = watch::channel(RTCPeerConnectionState::New);
-        let (gathering_tx, gathering) = watch::channel(RTCIceGatheringState::New);
-        let (channels_tx, channels) = mpsc::channel(2);
-        let handler = Handler {
-            state: state_tx,
-            gathering: gathering_tx,
-            channels: channels_tx,
-        };
-        let ice_servers = cfg
-            .stun
-            .iter()
-            .map(|url| RTCIceServer {
-                urls: vec![url.clone()],
-                ..Default::default()
-            })
-            .collect();
-        // Failed 2.5 s after the last packet (the defaults take 29 s): a dead member is replanned
-        // around quickly, and a keepalive every 300 ms keeps an idle link from flapping.
-        // mDNS off: candidates name the address the signaling connection used, never a `.local`
-        // name, and its multicast socket cannot even be made on a host without a multicast route
-        // (an isolated LAN with no gateway: building the connection failed with "No such device").
-        let mut settings = SettingEngineBuilder::new();
-        if cfg.bind.is_loopback() {
-            // Both ends on this machine: the path is loopback, whose MTU is far above any
-            // datagram here, so SCTP may fill a datagram up to webrtc's receive buffer.
-            settings = settings.with_sctp_mtu(LOOPBACK_SCTP_MTU);
-        }
-        let settings = settings
-            .with_ice_timeouts(
-                Some(Duration::from_millis(1500)),
-                Some(Duration::from_millis(1000)),
-                Some(Duration::from_millis(300)),
-            )
-            .with_multicast_dns_mode(rtc::ice::mdns::MulticastDnsMode::Disabled)
-            .build();
-        let pc = Box::pin(
-            PeerConnectionBuilder::new()
-                .with_configuration(
-                    RTCConfigurationBuilder::new()
-                        .with_ice_servers(ice_servers)
-                        .build(),
-                )
-                .with_setting_engine(settings)
-                .with_handler(Arc::new(handler))
-                .with_udp_addrs(vec![format!("{}:0", bracket(cfg.bind))])
-                .with_data_channel_send_buffer_limit(SEND_BUFFER_LIMIT)
-                .build(),
-        )
-        .await
-        .context("setting up a WebRTC peer connection")?;
-        Ok(Self {
-            pc: Arc::new(pc),
+    fn start(pc: RTCPeerConnection, socket: UdpSocket) -> Result<Self> {
+        let local = socket.local_addr().context("the link's socket")?;
+        let (state, _) = watch::channel(RTCPeerConnectionState::New);
+        let (acked, _) = watch::channel(());
+        let shared = Arc::new(Shared {
+            core: std::sync::Mutex::new(Core {
+                pc,
+                channel: None,
+                open: false,
+                sink: Sink::Held(Vec::new()),
+                ended: false,
+                held: None,
+                frames: Reassembler::new(DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_IN_FLIGHT),
+            }),
+            socket,
+            local,
+            stop: AtomicBool::new(false),
             state,
-            gathering,
-            channels: Some(channels),
+            acked,
+            partial: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+        });
+        let thread = std::thread::Builder::new()
+            .name("rtc-link".into())
+            .spawn({
+                let shared = shared.clone();
+                move || shared.drive()
+            })
+            .context("starting the link's thread")?;
+        Ok(Self {
+            shared,
+            thread: Some(thread),
         })
     }
 
-    async fn gathered(&self) -> Result<String> {
-        let mut gathering = self.gathering.clone();
-        let _ = tokio::time::timeout(
-            GATHER_TIMEOUT,
-            gathering.wait_for(|s| *s == RTCIceGatheringState::Complete),
-        )
-        .await;
-        let desc = self
-            .pc
-            .local_description()
+    /// Wait until the data channel is open (either side's: there is one).
+    async fn opened(&self) -> Result<()> {
+        let mut state = self.shared.state.subscribe();
+        let wait = async {
+            loop {
+                {
+                    let core = self.shared.lock();
+                    if core.open {
+                        return Ok(());
+                    }
+                    if core.ended {
+                        bail!("the data channel closed before it opened");
+                    }
+                }
+                let s = *state.borrow_and_update();
+                if is_terminal(s) {
+                    bail!("the connection is {s} before its channel opened");
+                }
+                if state.changed().await.is_err() {
+                    bail!("the connection stopped before its channel opened");
+                }
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, wait)
             .await
-            .context("no local description after setting it")?;
-        Ok(serde_json::to_string(&desc)?)
+            .map_err(|_| anyhow!("the data channel did not open within {CONNECT_TIMEOUT:?}"))?
+    }
+
+    fn close(&self) {
+        let mut core = self.shared.lock();
+        if let Some(id) = core.channel
+            && let Some(mut dc) = core.pc.data_channel(id)
+        {
+            let _ = dc.close();
+        }
+        let _ = core.pc.close();
+        self.shared.flush(&mut core);
+        end(&mut core);
+        self.shared.stop.store(true, Ordering::Release);
     }
 }
 
-fn bracket(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("[{v6}]"),
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        // The thread sees the flag within `MAX_SLEEP`; it is not joined here (a drop may run on a
+        // runtime thread, which must not wait).
+        drop(self.thread.take());
     }
 }
 
-struct Handler {
+/// What a link's thread and its senders share.
+struct Shared {
+    core: std::sync::Mutex<Core>,
+    socket: UdpSocket,
+    local: SocketAddr,
+    stop: AtomicBool,
+    /// The connection's state, as the core last reported it.
     state: watch::Sender<RTCPeerConnectionState>,
-    gathering: watch::Sender<RTCIceGatheringState>,
-    channels: mpsc::Sender<Arc<dyn DataChannel>>,
+    /// Bumped when the peer acknowledged data (room in SCTP's buffer) or the connection changed.
+    acked: watch::Sender<()>,
+    /// Messages the peer began sending on this link and has not finished (frames reassembling).
+    partial: AtomicU64,
+    sent: AtomicU64,
 }
 
-#[async_trait::async_trait]
-impl PeerConnectionEventHandler for Handler {
-    async fn on_ice_gathering_state_change(&self, state: RTCIceGatheringState) {
-        self.gathering.send_replace(state);
+/// The sans-I/O connection and what this link keeps beside it.
+struct Core {
+    pc: RTCPeerConnection,
+    channel: Option<RTCDataChannelId>,
+    open: bool,
+    sink: Sink,
+    /// The channel closed, the connection ended, or a frame was refused: nothing more is read.
+    ended: bool,
+    /// A message the queue had no room for: SCTP is not drained until it is delivered.
+    held: Option<Result<Vec<u8>, String>>,
+    frames: Reassembler,
+}
+
+/// Where whole messages go.
+enum Sink {
+    /// Before the link is handed over (messages kept in order, at most `RECV_QUEUE`).
+    Held(Vec<Result<Vec<u8>, String>>),
+    Queue(mpsc::Sender<Result<Vec<u8>, String>>),
+    Direct(Box<dyn FnMut(Result<Vec<u8>, String>) + Send>),
+    /// Nothing more is delivered (a `recv` returns `None` once the queue is empty).
+    Closed,
+}
+
+/// Read nothing more; the consumer sees the end after what it was given (held messages stay for
+/// the hand-over).
+fn end(core: &mut Core) {
+    core.ended = true;
+    if !matches!(core.sink, Sink::Held(_)) {
+        core.sink = Sink::Closed;
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn on_connection_state_change(&self, state: RTCPeerConnectionState) {
-        self.state.send_replace(state);
+    /// Whether `bytes` more fit in SCTP's buffer; an error once the link cannot send.
+    fn room(&self, core: &mut Core, bytes: usize) -> Result<bool> {
+        let s = *self.state.borrow();
+        if is_terminal(s) {
+            bail!("the connection is {s}");
+        }
+        let id = match core.channel {
+            Some(id) if core.open => id,
+            _ => bail!("the data channel is closed"),
+        };
+        let dc = core
+            .pc
+            .data_channel(id)
+            .context("the data channel is closed")?;
+        let outstanding = dc.outstanding_bytes();
+        Ok(outstanding == 0 || outstanding + bytes <= SEND_BUFFER_LIMIT)
     }
 
-    async fn on_data_channel(&self, channel: Arc<dyn DataChannel>) {
-        let _ = self.channels.try_send(channel);
+    /// Hand one frame to the channel and put what the core has to send on the wire.
+    fn write(&self, core: &mut Core, bytes: &[u8]) -> Result<()> {
+        #[cfg(feature = "test-hooks")]
+        crate::test_hooks::dump_sent(bytes);
+        let id = core.channel.context("the data channel is closed")?;
+        core.pc
+            .data_channel(id)
+            .context("the data channel is closed")?
+            .send(Instant::now(), BytesMut::from(bytes))
+            .context("sending on the data channel")?;
+        self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        self.flush(core);
+        Ok(())
+    }
+
+    /// Everything the core has for the outside: events, whole messages, packets to send — in that
+    /// order, so that a message is with its consumer before this thread spends its time on the
+    /// acknowledgement (encrypting it, and the send, which on loopback runs the peer's receive).
+    fn flush(&self, core: &mut Core) {
+        self.events(core);
+        self.deliver(core);
+        while let Some(out) = core.pc.poll_write() {
+            // A datagram the socket refuses is a lost packet to SCTP, which resends it.
+            let _ = self.socket.send_to(&out.message, out.transport.peer_addr);
+        }
+        self.events(core);
+    }
+
+    /// The core's events: the connection's state, the channel opening or closing.
+    fn events(&self, core: &mut Core) {
+        let mut changed = false;
+        while let Some(event) = core.pc.poll_event() {
+            match event {
+                RTCPeerConnectionEvent::OnConnectionStateChangeEvent(s) => {
+                    self.state.send_replace(s);
+                    if is_terminal(s) {
+                        end(core);
+                    }
+                    changed = true;
+                }
+                RTCPeerConnectionEvent::OnDataChannel(RTCDataChannelEvent::OnOpen(id))
+                    if core.channel.is_none() || core.channel == Some(id) =>
+                {
+                    core.channel = Some(id);
+                    core.open = true;
+                    changed = true;
+                }
+                RTCPeerConnectionEvent::OnDataChannel(RTCDataChannelEvent::OnClose(id))
+                    if core.channel == Some(id) =>
+                {
+                    core.open = false;
+                    end(core);
+                    changed = true;
+                }
+                _ => {}
+            }
+        }
+        if changed {
+            // Waiters on the state re-check the channel too.
+            self.state.send_modify(|_| {});
+        }
+    }
+
+    /// Move whole messages from the core to the sink, while it takes them.
+    fn deliver(&self, core: &mut Core) {
+        loop {
+            if core.ended {
+                return;
+            }
+            let next = match core.held.take() {
+                Some(m) => m,
+                None => match core.pc.poll_read() {
+                    None => return,
+                    Some(TaggedRTCMessage {
+                        message: RTCMessage::DataChannelMessage(id, msg),
+                        ..
+                    }) if Some(id) == core.channel || core.channel.is_none() => {
+                        let pushed = core.frames.push(&msg.data);
+                        self.partial
+                            .store(core.frames.in_flight() as u64, Ordering::Relaxed);
+                        match pushed {
+                            Ok(Some(message)) => Ok(message),
+                            Ok(None) => continue,
+                            Err(e) => Err(format!("refused a frame: {e}")),
+                        }
+                    }
+                    Some(_) => continue,
+                },
+            };
+            let refused = next.is_err();
+            match &mut core.sink {
+                Sink::Closed => {}
+                Sink::Held(kept) if kept.len() >= RECV_QUEUE => {
+                    core.held = Some(next);
+                    return;
+                }
+                Sink::Held(kept) => kept.push(next),
+                Sink::Direct(deliver) => deliver(next),
+                Sink::Queue(tx) => match tx.try_send(next) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(m)) => {
+                        core.held = Some(m);
+                        return;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => end(core),
+                },
+            }
+            if refused {
+                end(core);
+            }
+        }
+    }
+
+    /// The link's thread: read the socket, feed the core, until the link is closed or the
+    /// connection ends.
+    fn drive(self: Arc<Self>) {
+        let mut buf = vec![0u8; RECV_BUFFER];
+        loop {
+            let wait = {
+                let mut core = self.lock();
+                self.flush(&mut core);
+                if is_terminal(*self.state.borrow()) || self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let now = Instant::now();
+                let mut wait = core
+                    .pc
+                    .poll_timeout()
+                    .map_or(MAX_SLEEP, |t| t.saturating_duration_since(now))
+                    .min(MAX_SLEEP);
+                if core.held.is_some() {
+                    // The consumer is behind: look again soon.
+                    wait = wait.min(Duration::from_millis(1));
+                }
+                if wait.is_zero() {
+                    let _ = core.pc.handle_timeout(now);
+                    continue;
+                }
+                wait
+            };
+            let _ = self.socket.set_read_timeout(Some(wait));
+            let received = self.socket.recv_from(&mut buf);
+            let mut core = self.lock();
+            let queued_before = outstanding(&mut core);
+            match received {
+                Ok((n, peer_addr)) => {
+                    let _ = core.pc.handle_read(TaggedBytesMut {
+                        now: Instant::now(),
+                        transport: TransportContext {
+                            local_addr: self.local,
+                            peer_addr,
+                            ecn: None,
+                            transport_protocol: TransportProtocol::UDP,
+                        },
+                        message: BytesMut::from(&buf[..n]),
+                    });
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    let _ = core.pc.handle_timeout(Instant::now());
+                }
+                // ICMP unreachable and the like: ICE consent decides whether the peer is gone.
+                Err(_) => {}
+            }
+            if outstanding(&mut core) < queued_before {
+                self.acked.send_replace(());
+            }
+        }
+    }
+}
+
+/// Bytes handed to the channel and not yet acknowledged.
+fn outstanding(core: &mut Core) -> usize {
+    match core.channel {
+        Some(id) => core
+            .pc
+            .data_channel(id)
+            .map_or(0, |dc| dc.outstanding_bytes()),
+        None => 0,
+    }
+}
+
+fn is_terminal(s: RTCPeerConnectionState) -> bool {
+    matches!(
+        s,
+        RTCPeerConnectionState::Failed | RTCPeerConnectionState::Closed
+    )
+}
+
+/// A peer connection with its candidates gathered: a host candidate on `cfg.bind` and, with a STUN
+/// server, the server-reflexive address it reports.
+fn build(cfg: &LinkConfig) -> Result<(RTCPeerConnection, UdpSocket)> {
+    // Failed 2.5 s after the last packet (the defaults take 29 s): a dead member is replanned
+    // around quickly, and a keepalive every 300 ms keeps an idle link from flapping. mDNS off:
+    // candidates name the address the signaling connection used, never a `.local` name.
+    let mut settings = SettingEngineBuilder::new();
+    if cfg.bind.is_loopback() {
+        // Both ends on this machine: the path is loopback, whose MTU is far above any datagram
+        // here.
+        settings = settings.with_sctp_mtu(LOOPBACK_SCTP_MTU);
+    }
+    let settings = settings
+        .with_ice_timeouts(
+            Some(Duration::from_millis(1500)),
+            Some(Duration::from_millis(1000)),
+            Some(Duration::from_millis(300)),
+        )
+        .with_multicast_dns_mode(rtc::ice::mdns::MulticastDnsMode::Disabled)
+        .build();
+    let mut pc = RTCPeerConnectionBuilder::new()
+        .with_configuration(RTCConfigurationBuilder::new().build())
+        .with_setting_engine(settings)
+        .build(Instant::now())
+        .context("setting up a WebRTC peer connection")?;
+    let socket = UdpSocket::bind(SocketAddr::new(cfg.bind, 0))
+        .with_context(|| format!("binding a UDP socket on {}", cfg.bind))?;
+    let local = socket.local_addr()?;
+    let host = CandidateHostConfig {
+        base_config: CandidateConfig {
+            network: "udp".to_owned(),
+            address: local.ip().to_string(),
+            port: local.port(),
+            component: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .new_candidate_host()
+    .context("making the host candidate")?;
+    pc.add_local_candidate(RTCIceCandidate::from(&host).to_json()?)
+        .context("adding the host candidate")?;
+    if let Some(url) = &cfg.stun {
+        let reflexive = server_reflexive(&socket, url)?;
+        let candidate = CandidateServerReflexiveConfig {
+            base_config: CandidateConfig {
+                network: "udp".to_owned(),
+                address: reflexive.ip().to_string(),
+                port: reflexive.port(),
+                component: 1,
+                ..Default::default()
+            },
+            rel_addr: local.ip().to_string(),
+            rel_port: local.port(),
+            url: Some(url.clone()),
+        }
+        .new_candidate_server_reflexive()
+        .context("making the server-reflexive candidate")?;
+        pc.add_local_candidate(RTCIceCandidate::from(&candidate).to_json()?)
+            .context("adding the server-reflexive candidate")?;
+    }
+    // The end of gathering: every candidate is in the description from here on.
+    pc.add_local_candidate(RTCIceCandidateInit::default())
+        .context("ending ICE gathering")?;
+    Ok((pc, socket))
+}
+
+/// The session description with every candidate, as JSON for the signaling server.
+fn described(pc: &RTCPeerConnection) -> Result<String> {
+    let desc = pc
+        .local_description()
+        .context("no local description after setting it")?;
+    Ok(serde_json::to_string(&desc)?)
+}
+
+/// This socket's address as the STUN server at `url` (`stun:host[:port]`) sees it.
+fn server_reflexive(socket: &UdpSocket, url: &str) -> Result<SocketAddr> {
+    use rtc::stun::message::{BINDING_REQUEST, Getter, Message, TransactionId};
+    use rtc::stun::xoraddr::XorMappedAddress;
+
+    let hostport = url
+        .strip_prefix("stun:")
+        .with_context(|| format!("the STUN server {url:?} is not a stun: URL"))?;
+    let with_port = if hostport
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        && !hostport.ends_with(']')
+    {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:3478")
+    };
+    let local = socket.local_addr()?;
+    let server = with_port
+        .to_socket_addrs()
+        .with_context(|| format!("resolving the STUN server {url:?}"))?
+        .find(|a| a.is_ipv4() == local.is_ipv4())
+        .with_context(|| format!("the STUN server {url:?} has no address of this link's family"))?;
+    let mut request = Message::new();
+    let id = TransactionId::new();
+    request
+        .build(&[Box::new(id), Box::new(BINDING_REQUEST)])
+        .map_err(|e| anyhow!("building a STUN request: {e}"))?;
+    let deadline = Instant::now() + STUN_TIMEOUT;
+    let mut buf = vec![0u8; RECV_BUFFER];
+    let mut next_send = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            bail!("the STUN server {url:?} did not answer within {STUN_TIMEOUT:?}");
+        }
+        if now >= next_send {
+            socket
+                .send_to(&request.raw, server)
+                .with_context(|| format!("sending to the STUN server {url:?}"))?;
+            next_send = now + Duration::from_millis(500);
+        }
+        socket.set_read_timeout(Some(
+            next_send
+                .min(deadline)
+                .saturating_duration_since(now)
+                .max(Duration::from_millis(1)),
+        ))?;
+        let Ok((n, from)) = socket.recv_from(&mut buf) else {
+            continue;
+        };
+        if from != server {
+            continue;
+        }
+        let mut response = Message::new();
+        if response.unmarshal_binary(&buf[..n]).is_err() || response.transaction_id != id {
+            continue;
+        }
+        let mut mapped = XorMappedAddress::default();
+        mapped
+            .get_from(&response)
+            .map_err(|e| anyhow!("the STUN server {url:?} answered without an address: {e}"))?;
+        return Ok(SocketAddr::new(mapped.ip, mapped.port));
     }
 }

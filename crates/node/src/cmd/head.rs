@@ -1164,23 +1164,13 @@ impl Ring<'_> {
                 })
             };
             {
-                let up = up.clone();
+                // Laps go from the link's thread straight to the engine's: one wake-up.
                 let back = self.back_tx.clone();
-                tokio::spawn(async move {
-                    while let Some(msg) = up.recv().await {
-                        match msg {
-                            Ok(bytes) => {
-                                if back.send(Back::Lap(bytes)).is_err() {
-                                    break;
-                                }
-                            }
-                            Err(e) => {
-                                let why = format!("its link to the head: {e:#}");
-                                let _ = back.send(Back::Down(last, why));
-                                break;
-                            }
-                        }
-                    }
+                up.forward(move |msg| {
+                    let _ = back.send(match msg {
+                        Ok(bytes) => Back::Lap(bytes),
+                        Err(e) => Back::Down(last.clone(), format!("its link to the head: {e}")),
+                    });
                 });
             }
             self.to_ring = Some(to_ring);

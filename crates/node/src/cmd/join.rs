@@ -450,32 +450,25 @@ fn start_epoch(
             let fail = fail.clone();
             move || compute(epoch, plan, index, stage, input_rx, out, hops, fail, times)
         })?;
-    let reader = {
+    {
+        // Activations go from the link's thread straight to the compute thread: one wake-up. A
+        // closed link ends quietly (the head notices the lap that does not come back); a refused
+        // frame ends the member with the refusal.
         let input_tx = input_tx.clone();
-        let up = up.clone();
-        tokio::spawn(async move {
-            // A closed link ends quietly (the head notices the lap that does not come back); a
-            // refused frame ends the member with the refusal.
-            while let Some(msg) = up.recv().await {
-                match msg {
-                    Ok(bytes) => {
-                        if input_tx.send(Input::Activation(bytes)).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        let why = format!("the link from the previous stage: {e:#}");
-                        let _ = fail.send((epoch, why)).await;
-                        break;
-                    }
-                }
+        up.forward(move |msg| match msg {
+            Ok(bytes) => {
+                let _ = input_tx.send(Input::Activation(bytes));
             }
-        })
-    };
+            Err(e) => {
+                let why = format!("the link from the previous stage: {e}");
+                let _ = fail.try_send((epoch, why));
+            }
+        });
+    }
     Ok(Epoch {
         input: input_tx,
         worker,
-        tasks: vec![reader],
+        tasks: Vec::new(),
         links: vec![up, down],
     })
 }
