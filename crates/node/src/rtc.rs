@@ -77,9 +77,7 @@ pub(crate) struct LinkConfig {
 
 /// Create the offering side of a link; returns it and the offer to send (JSON, every candidate).
 pub(crate) async fn offer(cfg: &LinkConfig) -> Result<(PendingOffer, String)> {
-    let cfg = cfg.clone();
-    let (conn, sdp) = tokio::task::spawn_blocking(move || -> Result<(Conn, String)> {
-        let (mut pc, socket) = build(&cfg)?;
+    let (conn, sdp) = set_up(cfg, |pc| {
         pc.create_data_channel(
             "ring",
             Some(RTCDataChannelInit {
@@ -88,14 +86,9 @@ pub(crate) async fn offer(cfg: &LinkConfig) -> Result<(PendingOffer, String)> {
             }),
         )
         .context("creating the data channel")?;
-        let desc = pc.create_offer(None).context("creating the offer")?;
-        pc.set_local_description(Instant::now(), desc)
-            .context("setting the local offer")?;
-        let sdp = described(&pc)?;
-        Ok((Conn::start(pc, socket)?, sdp))
+        pc.create_offer(None).context("creating the offer")
     })
-    .await
-    .context("the link's setup stopped")??;
+    .await?;
     Ok((PendingOffer { conn }, sdp))
 }
 
@@ -103,20 +96,33 @@ pub(crate) async fn offer(cfg: &LinkConfig) -> Result<(PendingOffer, String)> {
 pub(crate) async fn answer(cfg: &LinkConfig, offer: &str) -> Result<(PendingAnswer, String)> {
     let remote: RTCSessionDescription =
         serde_json::from_str(offer).context("the offer is not a session description")?;
-    let cfg = cfg.clone();
-    let (conn, sdp) = tokio::task::spawn_blocking(move || -> Result<(Conn, String)> {
-        let (mut pc, socket) = build(&cfg)?;
+    let (conn, sdp) = set_up(cfg, move |pc| {
         pc.set_remote_description(Instant::now(), remote)
             .context("applying the peer's offer")?;
-        let desc = pc.create_answer(None).context("creating the answer")?;
+        pc.create_answer(None).context("creating the answer")
+    })
+    .await?;
+    Ok((PendingAnswer { conn }, sdp))
+}
+
+/// Build a peer connection, let `describe` make its local description (an offer or an answer),
+/// set it, and start the link's thread; returns the link and its description with every
+/// candidate (JSON). Off the async runtime: binding and gathering may block.
+async fn set_up(
+    cfg: &LinkConfig,
+    describe: impl FnOnce(&mut RTCPeerConnection) -> Result<RTCSessionDescription> + Send + 'static,
+) -> Result<(Conn, String)> {
+    let cfg = cfg.clone();
+    tokio::task::spawn_blocking(move || -> Result<(Conn, String)> {
+        let (mut pc, socket) = build(&cfg)?;
+        let desc = describe(&mut pc)?;
         pc.set_local_description(Instant::now(), desc)
-            .context("setting the local answer")?;
+            .context("setting the local description")?;
         let sdp = described(&pc)?;
         Ok((Conn::start(pc, socket)?, sdp))
     })
     .await
-    .context("the link's setup stopped")??;
-    Ok((PendingAnswer { conn }, sdp))
+    .context("the link's setup stopped")?
 }
 
 /// An offer sent, waiting for the peer's answer.
