@@ -113,14 +113,13 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
             let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
             Ok((timing(&j, "decode_tokens_per_s")?, rss))
         };
-        let (mut pair_single, mut rss) = (0.0, 0.0);
-        if pair % 2 == 0 {
-            (pair_single, rss) = one()?;
-        }
-        let (r, p) = ring_and_peaks(&root, &prompt, 129, 2)?;
-        if pair % 2 == 1 {
-            (pair_single, rss) = one()?;
-        }
+        let ringed_run = || ring_and_peaks(&root, &prompt, 129, 2);
+        let ((pair_single, rss), (r, p)) = if pair % 2 == 0 {
+            (one()?, ringed_run()?)
+        } else {
+            let r = ringed_run()?;
+            (one()?, r)
+        };
         single = single.max(pair_single);
         single_rss = single_rss.min(rss);
         let tps = timing(&r, "decode_tokens_per_s")?;
