@@ -60,9 +60,10 @@ fn exp_f64_taylor(x: f64, inv_fact: &[f64]) -> f64 {
     p * scale
 }
 
-/// `e^x` of one f32, rounded once.
+/// `e^x` of one f32, rounded once: the contract's exponential (DESIGN §3.8), which every other
+/// implementation of it (the GPU's, `daisy-wgsl`'s `floats.wgsl`) is held to bit for bit.
 #[inline]
-pub(crate) fn exp(x: f32) -> f32 {
+pub fn exp(x: f32) -> f32 {
     exp_f64(f64::from(x)) as f32
 }
 

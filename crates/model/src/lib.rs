@@ -23,6 +23,7 @@ mod stage;
 
 pub use block::StageCache;
 pub use error::{Error, Result};
+pub use exp::exp;
 pub use gemm::Precision;
 pub use generate::{
     ForwardPath, GenerateOptions, Generation, Pass, Resume, Scored, alone, drafts, generate,

@@ -12,6 +12,8 @@ pub(crate) struct Gpu {
     pub(crate) info: wgpu::AdapterInfo,
     /// Whether the instance implements WGSL's `packed_4x8_integer_dot_product` extension.
     pub(crate) packed_dot: bool,
+    /// Whether the device was opened with `SHADER_F64` (64-bit floats in shaders; `floats`).
+    pub(crate) f64: bool,
     /// The largest storage binding (and buffer) the device accepts, in bytes.
     pub(crate) max_binding: u64,
     errors: Arc<Mutex<Vec<String>>>,
@@ -131,10 +133,12 @@ async fn open_async() -> Result<Gpu> {
     };
     let info = adapter.get_info();
     let limits = adapter.limits();
+    // 64-bit floats where the adapter has them (the contract's f64 steps on the device, `floats`).
+    let features = adapter.features() & wgpu::Features::SHADER_F64;
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("daisy-wgsl"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -165,6 +169,7 @@ async fn open_async() -> Result<Gpu> {
         queue,
         info,
         packed_dot,
+        f64: features.contains(wgpu::Features::SHADER_F64),
         max_binding: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),

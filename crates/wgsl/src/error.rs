@@ -13,6 +13,12 @@ pub enum Error {
     /// The adapter refused to open a device.
     #[error("adapter {adapter} refused a device: {reason}")]
     RequestDevice { adapter: String, reason: String },
+    /// The adapter lacks a feature the operation needs.
+    #[error("adapter {adapter} lacks {feature}")]
+    MissingFeature {
+        adapter: String,
+        feature: &'static str,
+    },
     /// wgpu reported an error (validation, out of memory, shader compilation).
     #[error("wgpu error on adapter {adapter}: {message}")]
     Wgpu { adapter: String, message: String },

@@ -4,7 +4,9 @@
 //! to a u32 (rows padded to 64 bytes), `dot4I8Packed` where the instance implements WGSL's `packed_4x8_integer_dot_product`
 //! extension and shift-and-sign-extend otherwise. Dequantization stays on the CPU in
 //! `daisy-gemm-int8`, because WGSL's float conversions and multiplies may round either way or flush
-//! subnormals. A backend is only handed out after its gates pass.
+//! subnormals. A backend is only handed out after its gates pass. `FloatLab` (`floats.wgsl`) is
+//! the first piece of float work on the device: the contract's f64 steps in a form that gives the
+//! CPU's bits on drivers that fuse, reassociate and flush (docs/gpu.md).
 //!
 //! The adapter comes from the environment: `WGPU_BACKEND` (e.g. `vulkan`), `WGPU_ADAPTER_NAME`
 //! (a case-insensitive substring of the adapter name) and `WGPU_POWER_PREF`. `DAISY_GPU_CPU_BELOW`
@@ -14,6 +16,7 @@
 mod backend;
 mod device;
 mod error;
+mod floats;
 mod gates;
 mod kernel;
 mod profile;
@@ -23,6 +26,7 @@ mod select;
 pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K};
 pub use device::{AdapterSummary, adapters};
 pub use error::{Error, Result};
+pub use floats::{FLOATS_WGSL, FloatLab, f64_words};
 pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, GEMV_MAX_T, Kernel, Tuning};
 pub use profile::GpuProfile;
 pub use residency::{LayerResidency, MAX_LIVE_LAYERS, MatrixShape};

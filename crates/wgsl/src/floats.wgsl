@@ -1,0 +1,236 @@
+// DESIGN §3.8's float operations in WGSL, in the form that gives the CPU's bits, and probes of the
+// adapter's own float arithmetic. Needs `SHADER_F64`. Every value crosses the bindings as bits
+// (f32 as u32; f64 as its two u32 halves, low first), so no load or store can flush a subnormal.
+//
+// Three rules make a driver reproduce the contract:
+// - No contraction. naga's SPIR-V carries no `NoContraction`, so a driver may fuse `a * b + c` into
+//   one rounding. Every product that feeds an addition goes through `g`, a multiply by a 1.0 the
+//   compiler cannot see (it comes from the uniform): `g(a * b) + c` may still be fused, but only
+//   as `fma(a * b, 1, c)`, whose one rounding is that of the addition alone.
+// - No subnormal through the float unit. `widen` and `narrow` build and take apart f32 subnormals
+//   in integers; f32 arithmetic is done in f64 on widened operands and narrowed once, which is the
+//   correctly rounded f32 result for +, -, * (53 >= 2 * 24 + 2).
+// - No algebra on the driver's side. Drivers reassociate float operations that SPIR-V does not
+//   mark exact (Mesa folds `(a + 2^52) - 2^52` to `a`): a rounding the CPU does by adding and
+//   removing a constant is `round` (ties to even) here.
+// - No division or square root of the driver's (their precision is not specified): none is used
+//   here yet.
+
+struct Params {
+    n: u32,
+    // 1.0f32 as bits; `one` is its f64 widening, the value `g` multiplies by.
+    one_bits: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> A: array<u32>;
+@group(0) @binding(2) var<storage, read> B: array<u32>;
+@group(0) @binding(3) var<storage, read> C: array<u32>;
+@group(0) @binding(4) var<storage, read_write> O: array<u32>;
+
+var<private> one: f64;
+
+// A product rounded on its own (see the first rule).
+fn g(x: f64) -> f64 {
+    return x * one;
+}
+
+// 2^k for |k| <= 1023, exactly (products of powers of two).
+fn pow2(k: i32) -> f64 {
+    var s = 1.0lf;
+    var b = select(2.0lf, 0.5lf, k < 0);
+    var e = u32(abs(k));
+    loop {
+        if e == 0u {
+            break;
+        }
+        if (e & 1u) != 0u {
+            s = s * b;
+        }
+        b = b * b;
+        e = e >> 1u;
+    }
+    return s;
+}
+
+// An f32 given by its bits, exactly as f64; subnormals built in integers.
+fn widen(bits: u32) -> f64 {
+    let mag = bits & 0x7fffffffu;
+    if mag >= 0x00800000u {
+        return f64(bitcast<f32>(bits));
+    }
+    let v = f64(mag) * pow2(-149);
+    return select(v, -v, (bits & 0x80000000u) != 0u);
+}
+
+// f64 -> f32 bits, rounded to nearest, ties to even, subnormals and overflow included.
+fn narrow(v: f64) -> u32 {
+    let a = abs(v);
+    if a >= 1.1754943508222875e-38lf || a == 0.0lf {
+        // F32_ROUND_TO_INF: the least value that rounds to infinity (f32::MAX + half an ulp).
+        if a >= 3.4028235677973366e38lf {
+            return select(0x7f800000u, 0xff800000u, v < 0.0lf);
+        }
+        return bitcast<u32>(f32(v));
+    }
+    // Subnormal result: the integer multiple of 2^-149 nearest to |v|, ties to even (|v| * 2^149
+    // < 2^23 is exact).
+    let m = round(a * pow2(149));
+    return select(0u, 0x80000000u, v < 0.0lf) | u32(m);
+}
+
+// The contract's e^x of an f32 (crates/model/src/exp.rs, `exp_f64`): the same multiplies and
+// adds in the same order, each rounded alone; returns the f64 before the f32 rounding.
+fn exp_f64(x0: f64) -> f64 {
+    let x = min(max(x0, EXP_LO), EXP_HI);
+    // The CPU rounds x * log2(e) to an integer, ties to even, by adding and removing 1.5 * 2^52;
+    // `round` is the same, and a compiler may not cancel it (Mesa's NIR folds `(a + C) - C` to
+    // `a` in an instruction not marked exact, and naga marks none).
+    let k = round(g(x * EXP_LOG2E));
+    let r = (x - g(k * EXP_LN2_HI)) - g(k * EXP_LN2_LO);
+    var p = EXP_C13;
+    p = g(p * r) + EXP_C12;
+    p = g(p * r) + EXP_C11;
+    p = g(p * r) + EXP_C10;
+    p = g(p * r) + EXP_C9;
+    p = g(p * r) + EXP_C8;
+    p = g(p * r) + EXP_C7;
+    p = g(p * r) + EXP_C6;
+    p = g(p * r) + EXP_C5;
+    p = g(p * r) + EXP_C4;
+    p = g(p * r) + EXP_C3;
+    p = g(p * r) + EXP_C2;
+    p = g(p * r) + 1.0lf;
+    p = g(p * r) + 1.0lf;
+    return p * pow2(i32(k));
+}
+
+fn lane(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return gid.x + gid.y * groups.x * 256u;
+}
+
+fn start(gid: vec3<u32>, groups: vec3<u32>) -> u32 {
+    one = f64(bitcast<f32>(P.one_bits));
+    return lane(gid, groups);
+}
+
+// f64 from its two u32 halves (low first) in binding `buf` (0: A, 1: B, 2: C), exactly.
+fn load64(buf: u32, i: u32) -> f64 {
+    var lo: u32;
+    var hi: u32;
+    if buf == 0u {
+        lo = A[2u * i];
+        hi = A[2u * i + 1u];
+    } else if buf == 1u {
+        lo = B[2u * i];
+        hi = B[2u * i + 1u];
+    } else {
+        lo = C[2u * i];
+        hi = C[2u * i + 1u];
+    }
+    // (f64 subnormals, which the probes do not use, read as zero.)
+    let e = i32((hi >> 20u) & 0x7ffu);
+    let frac = f64(hi & 0xfffffu) * 4294967296.0lf + f64(lo);
+    var v = 0.0lf;
+    if e != 0 {
+        v = (frac * pow2(-52) + 1.0lf) * pow2(e - 1023);
+    }
+    return select(v, -v, (hi & 0x80000000u) != 0u);
+}
+
+// --- The contract's operations (asserted equal to the CPU's bits) ---
+
+// e^x of f32 bits -> f32 bits.
+@compute @workgroup_size(256)
+fn exp_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(exp_f64(widen(A[i])));
+}
+
+// f32 a * b + c, each rounded alone.
+@compute @workgroup_size(256)
+fn mul_add_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    let p = widen(narrow(widen(A[i]) * widen(B[i])));
+    O[i] = narrow(p + widen(C[i]));
+}
+
+// f64 a * b + c, each rounded alone, narrowed to f32.
+@compute @workgroup_size(256)
+fn mul_add_f64_guarded(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(g(load64(0u, i) * load64(1u, i)) + load64(2u, i));
+}
+
+// --- Probes of the adapter's own arithmetic (reported, not relied on) ---
+
+// f32 a * b + c as written: a driver may fuse it.
+@compute @workgroup_size(256)
+fn probe_mul_add_f32_plain(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = bitcast<u32>(bitcast<f32>(A[i]) * bitcast<f32>(B[i]) + bitcast<f32>(C[i]));
+}
+
+// f64 a * b + c as written, narrowed to f32.
+@compute @workgroup_size(256)
+fn probe_mul_add_f64_plain(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(load64(0u, i) * load64(1u, i) + load64(2u, i));
+}
+
+// f32 a * b in the float unit (subnormal results may be flushed).
+@compute @workgroup_size(256)
+fn probe_mul_f32_plain(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = bitcast<u32>(bitcast<f32>(A[i]) * bitcast<f32>(B[i]));
+}
+
+// f64 a / b and sqrt(a), narrowed to f32 by `narrow` (an f64 that is off by an ulp shows up
+// only near an f32 rounding boundary; the inputs are chosen there).
+@compute @workgroup_size(256)
+fn probe_div_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(load64(0u, i) / load64(1u, i));
+}
+
+@compute @workgroup_size(256)
+fn probe_sqrt_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(sqrt(load64(0u, i)));
+}
+
+// f64 -> f32 by the driver's conversion alone (subnormal results may be flushed).
+@compute @workgroup_size(256)
+fn probe_narrow_hw(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = bitcast<u32>(f32(load64(0u, i)));
+}

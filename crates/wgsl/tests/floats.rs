@@ -1,0 +1,355 @@
+//! The contract's float operations on the GPU (`floats.wgsl`) against the CPU's bits, with
+//! mutants that must differ, and the adapter's own float arithmetic probed and printed: whether it
+//! fuses `a * b + c`, flushes subnormals, rounds its f64 division, square root and f64 -> f32
+//! conversion correctly. Run with `--nocapture` to see the probe table.
+//!
+//! Without an adapter these tests skip with a note on stderr, except under `CI=true`, where a
+//! missing adapter (or one without 64-bit floats) is a failure.
+
+use std::sync::OnceLock;
+
+use daisy_wgsl::{Error, FLOATS_WGSL, FloatLab, f64_words};
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn lab() -> Option<&'static FloatLab> {
+    static LAB: OnceLock<Option<FloatLab>> = OnceLock::new();
+    LAB.get_or_init(|| match FloatLab::open() {
+        Ok(lab) => {
+            eprintln!("adapter: {}", lab.adapter_name());
+            Some(lab)
+        }
+        Err(e @ (Error::NoAdapter { .. } | Error::MissingFeature { .. })) => {
+            assert!(
+                !in_ci(),
+                "CI=true and no adapter for the float library: {e}"
+            );
+            eprintln!("skipping: {e}");
+            None
+        }
+        Err(e) => panic!("the float library did not come up: {e}"),
+    })
+    .as_ref()
+}
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// An f32 of magnitude in [2^lo, 2^hi), random sign and mantissa.
+    fn f32_in(&mut self, lo: i32, hi: i32) -> f32 {
+        let r = self.next();
+        let e = lo + (r % (hi - lo) as u64) as i32;
+        let m = 1.0 + ((r >> 20) as u32 & 0x7f_ffff) as f32 / 8_388_608.0;
+        let v = m * 2f32.powi(e);
+        if r >> 63 == 1 { -v } else { v }
+    }
+}
+
+/// Where GPU and CPU words differ: (count, first index).
+fn diff(got: &[u32], want: &[u32]) -> (usize, Option<usize>) {
+    assert_eq!(got.len(), want.len());
+    let mut first = None;
+    let mut count = 0;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        if g != w {
+            count += 1;
+            first.get_or_insert(i);
+        }
+    }
+    (count, first)
+}
+
+fn assert_same(what: &str, inputs: &[f32], got: &[u32], want: &[u32]) {
+    let (count, first) = diff(got, want);
+    if let Some(i) = first {
+        panic!(
+            "{what}: {count} of {} lanes differ from the CPU; first at x = {:e} ({:#010x}): \
+             gpu {:#010x}, cpu {:#010x}",
+            got.len(),
+            inputs.get(i).copied().unwrap_or(f32::NAN),
+            inputs.get(i).map(|x| x.to_bits()).unwrap_or(0),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// The arguments of the exponential: every 4099th f32 bit pattern (both signs, zeros,
+/// subnormals, infinities; NaNs left out, the contract refuses them earlier), the softmax's range
+/// [-110, 0] densely (subnormal results from -87.3 down), and SiLU's [-20, 20].
+fn exp_inputs() -> Vec<f32> {
+    let mut xs: Vec<f32> = (0..=u32::MAX / 4099)
+        .map(|i| f32::from_bits(i * 4099))
+        .filter(|x| !x.is_nan())
+        .collect();
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        88.72,
+        88.73,
+        -87.34,
+        -103.97,
+    ]);
+    let mut rng = Rng(7);
+    for _ in 0..200_000 {
+        let u = (rng.next() >> 40) as f32 / 16_777_216.0;
+        xs.push(-110.0 * u);
+        xs.push(40.0 * u - 20.0);
+    }
+    xs
+}
+
+/// `exp_f32` on `lab` over [`exp_inputs`]: the arguments, the GPU's words and the CPU's.
+fn exp_run(lab: &FloatLab) -> (Vec<f32>, Vec<u32>, Vec<u32>) {
+    let xs = exp_inputs();
+    let words: Vec<u32> = xs.iter().map(|x| x.to_bits()).collect();
+    let got = lab.run("exp_f32", xs.len(), [&words, &[], &[]]).unwrap();
+    let want: Vec<u32> = xs.iter().map(|&x| daisy_model::exp(x).to_bits()).collect();
+    (xs, got, want)
+}
+
+#[test]
+fn exp_equals_the_contracts_on_every_lane() {
+    let Some(lab) = lab() else { return };
+    let (xs, got, want) = exp_run(lab);
+    assert_same("exp_f32", &xs, &got, &want);
+    eprintln!("exp_f32: {} arguments, all equal to the CPU's", xs.len());
+}
+
+/// Operands for f32 `a * b + c`: subnormal products, subnormal addends, cancellation.
+fn mul_add_inputs() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut rng = Rng(11);
+    let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
+    for i in 0..1 << 18 {
+        let (x, y) = match i % 4 {
+            // Products far below f32::MIN_POSITIVE: subnormal or zero results.
+            0 => (rng.f32_in(-80, -60), rng.f32_in(-80, -60)),
+            _ => (rng.f32_in(-20, 20), rng.f32_in(-20, 20)),
+        };
+        // c cancels most of the product, so a fused multiply-add shows in the low bits.
+        let z = match i % 3 {
+            0 => -(x * y) * (1.0 + rng.f32_in(-24, -10).abs()),
+            1 => rng.f32_in(-140, -126),
+            _ => rng.f32_in(-20, 20),
+        };
+        a.push(x);
+        b.push(y);
+        c.push(z);
+    }
+    (a, b, c)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `mul_add_f32` on `lab`: the GPU's words and the CPU's.
+fn mul_add_run(lab: &FloatLab) -> (Vec<u32>, Vec<u32>) {
+    let (a, b, c) = mul_add_inputs();
+    let got = lab
+        .run("mul_add_f32", a.len(), [&bits(&a), &bits(&b), &bits(&c)])
+        .unwrap();
+    let want = (0..a.len())
+        .map(|i| (a[i] * b[i] + c[i]).to_bits())
+        .collect();
+    (got, want)
+}
+
+#[test]
+fn f32_multiply_add_is_two_roundings_with_subnormals_kept() {
+    let Some(lab) = lab() else { return };
+    let (a, b, c) = mul_add_inputs();
+    let n = a.len();
+    let (got, want) = mul_add_run(lab);
+    assert_same("mul_add_f32", &a, &got, &want);
+    let (wa, wb, wc) = (bits(&a), bits(&b), bits(&c));
+
+    // The same operation as the driver compiles it when written plainly: reported.
+    let fused: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
+    let plain = lab
+        .run("probe_mul_add_f32_plain", n, [&wa, &wb, &wc])
+        .unwrap();
+    let differs = |x: &[u32], y: &[u32]| diff(x, y).0;
+    eprintln!(
+        "probe f32 a*b+c as written: {} of {n} lanes differ from two roundings, {} from one (fused)",
+        differs(&plain, &want),
+        differs(&plain, &fused)
+    );
+    let products: Vec<u32> = (0..n).map(|i| (a[i] * b[i]).to_bits()).collect();
+    let hw = lab.run("probe_mul_f32_plain", n, [&wa, &wb, &[]]).unwrap();
+    let subnormal = (0..n)
+        .filter(|&i| f32::from_bits(products[i]).is_subnormal())
+        .count();
+    let flushed = (0..n)
+        .filter(|&i| f32::from_bits(products[i]).is_subnormal() && hw[i] & 0x7fff_ffff == 0)
+        .count();
+    eprintln!(
+        "probe f32 a*b in the float unit: {} lanes differ; {flushed} of {subnormal} subnormal products flushed to zero",
+        differs(&hw, &products)
+    );
+}
+
+#[test]
+fn f64_multiply_add_is_two_roundings() {
+    let Some(lab) = lab() else { return };
+    let mut rng = Rng(13);
+    let n = 1 << 18;
+    let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
+    for _ in 0..n {
+        let x = f64::from(rng.f32_in(-30, 30)) * (1.0 + (rng.next() >> 12) as f64 / 2f64.powi(60));
+        let y = f64::from(rng.f32_in(-30, 30)) * (1.0 + (rng.next() >> 12) as f64 / 2f64.powi(60));
+        // c cancels the product down to about an f32 ulp of it, so the rounding of a * b decides
+        // the low f32 bits of the result.
+        let z = -(x * y) * (1.0 + f64::from(rng.f32_in(-30, -20)));
+        a.push(x);
+        b.push(y);
+        c.push(z);
+    }
+    let (wa, wb, wc) = (f64_words(&a), f64_words(&b), f64_words(&c));
+    let want: Vec<u32> = (0..n)
+        .map(|i| ((a[i] * b[i] + c[i]) as f32).to_bits())
+        .collect();
+    let fused: Vec<u32> = (0..n)
+        .map(|i| (a[i].mul_add(b[i], c[i]) as f32).to_bits())
+        .collect();
+    assert!(
+        diff(&want, &fused).0 > n / 100,
+        "the inputs must tell a fused multiply-add from two roundings"
+    );
+    let got = lab.run("mul_add_f64_guarded", n, [&wa, &wb, &wc]).unwrap();
+    let as_f32: Vec<f32> = a.iter().map(|&x| x as f32).collect();
+    assert_same("mul_add_f64_guarded", &as_f32, &got, &want);
+    let plain = lab
+        .run("probe_mul_add_f64_plain", n, [&wa, &wb, &wc])
+        .unwrap();
+    eprintln!(
+        "probe f64 a*b+c as written: {} of {n} lanes differ from two roundings, {} from one (fused)",
+        diff(&plain, &want).0,
+        diff(&plain, &fused).0
+    );
+}
+
+#[test]
+fn f64_division_square_root_and_conversion_are_probed() {
+    let Some(lab) = lab() else { return };
+    let mut rng = Rng(17);
+    let n = 1 << 18;
+    // Quotients and roots that lie a hair off an f32 rounding boundary (the midpoint of two
+    // neighbouring f32): an f64 result off by an ulp lands on the other side.
+    let (mut num, mut den, mut sq, mut conv) = (vec![], vec![], vec![], vec![]);
+    for i in 0..n {
+        let q32 = rng.f32_in(-20, 20);
+        let next = f32::from_bits(q32.to_bits() + 1);
+        let midpoint = (f64::from(q32) + f64::from(next)) / 2.0;
+        let d = f64::from(rng.f32_in(-10, 10));
+        num.push(midpoint * d);
+        den.push(d);
+        let r = f64::from(rng.f32_in(-20, 20)).abs();
+        let r32 = r as f32;
+        let rmid = (f64::from(r32) + f64::from(f32::from_bits(r32.to_bits() + 1))) / 2.0;
+        sq.push(rmid * rmid);
+        // Conversions: exact midpoints (ties), a hair either side, and subnormal-range values.
+        let step = f64::from(next) - f64::from(q32);
+        conv.push(match i % 4 {
+            0 => midpoint,
+            1 => midpoint + step * 2f64.powi(-28),
+            2 => midpoint - step * 2f64.powi(-28),
+            _ => f64::from(rng.f32_in(-149, -127)) * 1.000_000_1,
+        });
+    }
+    let quot: Vec<u32> = (0..n)
+        .map(|i| ((num[i] / den[i]) as f32).to_bits())
+        .collect();
+    let roots: Vec<u32> = sq.iter().map(|&s| (s.sqrt() as f32).to_bits()).collect();
+    let narrowed: Vec<u32> = conv.iter().map(|&v| (v as f32).to_bits()).collect();
+    let got = lab
+        .run(
+            "probe_div_f64",
+            n,
+            [&f64_words(&num), &f64_words(&den), &[]],
+        )
+        .unwrap();
+    let roots_got = lab
+        .run("probe_sqrt_f64", n, [&f64_words(&sq), &[], &[]])
+        .unwrap();
+    let hw = lab
+        .run("probe_narrow_hw", n, [&f64_words(&conv), &[], &[]])
+        .unwrap();
+    eprintln!(
+        "probe f64 a/b near f32 boundaries: {} of {n} differ from the correctly rounded quotient",
+        diff(&got, &quot).0
+    );
+    eprintln!(
+        "probe f64 sqrt near f32 boundaries: {} of {n} differ from the correctly rounded root",
+        diff(&roots_got, &roots).0
+    );
+    eprintln!(
+        "probe f64 -> f32 conversion by the driver (ties, near ties, subnormal results): {} of {n} differ",
+        diff(&hw, &narrowed).0
+    );
+}
+
+/// The library with one change, for the mutation cases.
+fn mutant(from: &str, to: &str) -> String {
+    assert!(FLOATS_WGSL.contains(from), "mutation site {from:?} is gone");
+    FLOATS_WGSL.replacen(from, to, 1)
+}
+
+#[test]
+fn mutants_of_the_library_are_caught() {
+    let Some(_) = lab() else { return };
+    // Each mutant changes one step of the contract; the checks above must see each one.
+    for (what, from, to) in [
+        (
+            "exp without its degree-4 term",
+            "p = g(p * r) + EXP_C4;\n",
+            "",
+        ),
+        (
+            "exp without the low part of ln 2",
+            "- g(k * EXP_LN2_LO)",
+            "",
+        ),
+        (
+            "subnormals flushed on widening",
+            "let v = f64(mag) * pow2(-149);",
+            "let v = f64(mag) * 0.0lf;",
+        ),
+        (
+            "subnormal results truncated",
+            "let m = round(a * pow2(149));",
+            "let m = floor(a * pow2(149));",
+        ),
+        (
+            "k by the shifter, which a compiler may cancel",
+            "let k = round(g(x * EXP_LOG2E));",
+            "let k = (g(x * EXP_LOG2E) + 6755399441055744.0lf) - 6755399441055744.0lf;",
+        ),
+    ] {
+        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
+        let (_, got, want) = exp_run(&lab);
+        let exp_differs = diff(&got, &want).0;
+        let (got, want) = mul_add_run(&lab);
+        let mul_add_differs = diff(&got, &want).0;
+        eprintln!(
+            "mutant '{what}': exp_f32 differs on {exp_differs} lanes, mul_add_f32 on {mul_add_differs}"
+        );
+        assert!(
+            exp_differs + mul_add_differs > 0,
+            "mutant '{what}' passed both checks"
+        );
+    }
+}
