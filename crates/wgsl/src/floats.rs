@@ -164,6 +164,17 @@ impl FloatLab {
     /// Runs entry point `name` over `n` lanes with the inputs as words (f32 bits, or f64 as two
     /// words, low first; an empty input binds a placeholder); returns one word per lane.
     pub fn run(&self, name: &str, n: usize, inputs: [&[u32]; 3]) -> Result<Vec<u32>> {
+        self.run_wide(name, n, 1, inputs)
+    }
+
+    /// [`FloatLab::run`] for entry points that write `per_lane` words a lane (2 for an f64).
+    pub fn run_wide(
+        &self,
+        name: &str,
+        n: usize,
+        per_lane: usize,
+        inputs: [&[u32]; 3],
+    ) -> Result<Vec<u32>> {
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -192,7 +203,7 @@ impl FloatLab {
                 })
             })
             .collect();
-        let bytes = (n * 4) as u64;
+        let bytes = (n * per_lane * 4) as u64;
         let out = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("floats out"),
             size: bytes,

@@ -13,8 +13,10 @@
 // - No algebra on the driver's side. Drivers reassociate float operations that SPIR-V does not
 //   mark exact (Mesa folds `(a + 2^52) - 2^52` to `a`): a rounding the CPU does by adding and
 //   removing a constant is `round` (ties to even) here.
-// - No division or square root of the driver's (their precision is not specified): none is used
-//   here yet.
+// - No division or square root of the driver's on trust (their precision is not specified):
+//   `div_rn` and `sqrt_rn` take the driver's result as a first guess, compute the exact remainder
+//   with Dekker's product (guarded: no fused multiply-add needed), and step to the correctly
+//   rounded neighbour, ties to even.
 
 struct Params {
     n: u32,
@@ -79,6 +81,117 @@ fn narrow(v: f64) -> u32 {
     // < 2^23 is exact).
     let m = round(a * pow2(149));
     return select(0u, 0x80000000u, v < 0.0lf) | u32(m);
+}
+
+struct Pair {
+    hi: f64,
+    lo: f64,
+}
+
+// The exponent e of a positive normal f64: 2^e <= a < 2^(e+1).
+fn exponent(a: f64) -> i32 {
+    var e = clamp(i32(floor(log2(f32(a)))), -1022, 1023);
+    loop {
+        if pow2(e) > a {
+            e = e - 1;
+        } else if pow2(e + 1) <= a {
+            e = e + 1;
+        } else {
+            break;
+        }
+    }
+    return e;
+}
+
+// Veltkamp's split: hi holds the top 26 bits of a, a = hi + lo exactly.
+fn split(a: f64) -> Pair {
+    let c = g(134217729.0lf * a);
+    let hi = c - g(c - a);
+    return Pair(hi, a - hi);
+}
+
+// Dekker's product: a * b = hi + lo exactly (no overflow or underflow in our ranges).
+fn two_prod(a: f64, b: f64) -> Pair {
+    let p = g(a * b);
+    let x = split(a);
+    let y = split(b);
+    let lo = g(x.lo * y.lo) - (((p - g(x.hi * y.hi)) - g(x.lo * y.hi)) - g(x.hi * y.lo));
+    return Pair(p, lo);
+}
+
+// Whether the last mantissa bit of q (positive, exponent e) is 1.
+fn odd(q: f64, e: i32) -> bool {
+    let m = (q * pow2(-e)) * pow2(51);
+    return fract(m) != 0.0lf;
+}
+
+// a / b correctly rounded (ties to even), a >= 0, b > 0, the quotient a normal f64.
+fn div_rn(a: f64, b: f64) -> f64 {
+    if a == 0.0lf {
+        return 0.0lf;
+    }
+    var q = a / b;
+    for (var i = 0; i < 4; i = i + 1) {
+        // r = a - q * b, exactly (a - hi by Sterbenz's lemma; r is representable for a q within
+        // a few ulps of the quotient).
+        let qb = two_prod(q, b);
+        let r = g(a - qb.hi) - qb.lo;
+        let e = exponent(q);
+        // Half the gap to q's neighbour above, and below (half as much at a power of two).
+        let h = pow2(e - 53);
+        let hd = select(h, pow2(e - 54), q == pow2(e));
+        let up = g(h * b);
+        let down = g(hd * b);
+        if r > up || (r == up && odd(q, e)) {
+            q = q + 2.0lf * h;
+        } else if r < -down || (r == -down && odd(q, e)) {
+            q = q - 2.0lf * hd;
+        } else {
+            break;
+        }
+    }
+    return q;
+}
+
+// sqrt(x) correctly rounded, x >= 0 normal (a square root has no ties).
+fn sqrt_rn(x: f64) -> f64 {
+    if x == 0.0lf {
+        return 0.0lf;
+    }
+    var s = sqrt(x);
+    for (var i = 0; i < 4; i = i + 1) {
+        // r = x - s * s exactly; s is too small when x > (s + h)^2, i.e. r > 2 s h, and too large
+        // when x < (s - hd)^2, i.e. r <= -2 s hd (the h^2 terms are below r's ulp).
+        let ss = two_prod(s, s);
+        let r = g(x - ss.hi) - ss.lo;
+        let e = exponent(s);
+        let h = pow2(e - 53);
+        let hd = select(h, pow2(e - 54), s == pow2(e));
+        if r > g(s * (2.0lf * h)) {
+            s = s + 2.0lf * h;
+        } else if r <= -g(s * (2.0lf * hd)) {
+            s = s - 2.0lf * hd;
+        } else {
+            break;
+        }
+    }
+    return s;
+}
+
+// An f64 into O[2i] (low word) and O[2i + 1] (sign, exponent, top of the mantissa); v normal or 0.
+fn store64(i: u32, v: f64) {
+    let sign = select(0u, 0x80000000u, v < 0.0lf);
+    let a = abs(v);
+    if a == 0.0lf {
+        O[2u * i] = 0u;
+        O[2u * i + 1u] = sign;
+        return;
+    }
+    let e = exponent(a);
+    let m = (a * pow2(-e)) * pow2(52);
+    let top = floor(m / 4294967296.0lf);
+    O[2u * i] = u32(m - top * 4294967296.0lf);
+    O[2u * i + 1u] = sign | (u32(e + 1023) << 20u) | (u32(top) & 0xfffffu);
 }
 
 // The contract's e^x of an f32 (crates/model/src/exp.rs, `exp_f64`): the same multiplies and
@@ -171,6 +284,48 @@ fn mul_add_f64_guarded(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
         return;
     }
     O[i] = narrow(g(load64(0u, i) * load64(1u, i)) + load64(2u, i));
+}
+
+// f64 a / b and sqrt(a), correctly rounded (a >= 0, b > 0), as f64 words.
+@compute @workgroup_size(256)
+fn div_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    store64(i, div_rn(load64(0u, i), load64(1u, i)));
+}
+
+@compute @workgroup_size(256)
+fn sqrt_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    store64(i, sqrt_rn(load64(0u, i)));
+}
+
+// f32 a / b, correctly rounded: the f64 quotient rounded once more (53 >= 2 * 24 + 2).
+@compute @workgroup_size(256)
+fn div_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    let a = widen(A[i]);
+    let b = widen(B[i]);
+    let q = div_rn(abs(a), abs(b));
+    O[i] = narrow(select(q, -q, (a < 0.0lf) != (b < 0.0lf)));
+}
+
+// RMSNorm's scale of a row, f32(1 / sqrt(ms + eps)) in f64, from ms's f64 words and eps's f32 bits.
+@compute @workgroup_size(256)
+fn inv_rms(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = narrow(div_rn(1.0lf, sqrt_rn(load64(0u, i) + widen(B[i]))));
 }
 
 // --- Probes of the adapter's own arithmetic (reported, not relied on) ---

@@ -302,6 +302,95 @@ fn f64_division_square_root_and_conversion_are_probed() {
     );
 }
 
+/// Positive f64 operands with full 53-bit mantissas across `[2^lo, 2^hi)`.
+fn f64_operands(rng: &mut Rng, n: usize, lo: i32, hi: i32) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let m = 1.0 + (rng.next() >> 12) as f64 / 2f64.powi(52);
+            m * 2f64.powi(lo + (rng.next() % (hi - lo) as u64) as i32)
+        })
+        .collect()
+}
+
+/// The quotients, roots and f32 quotients of the library on `lab` against the CPU's:
+/// (lanes that differ in `div_f64`, `sqrt_f64`, `div_f32`, `inv_rms`).
+fn division_run(lab: &FloatLab) -> [usize; 4] {
+    let mut rng = Rng(19);
+    let n = 1 << 16;
+    let a = f64_operands(&mut rng, n, -60, 60);
+    let mut b = f64_operands(&mut rng, n, -60, 60);
+    // Divisors with short mantissas make exact quotients and ties for the f32 rounding.
+    for v in b.iter_mut().step_by(3) {
+        *v = f64::from((*v as f32).round().max(1.0));
+    }
+    let words = |v: &[f64]| f64_words(v);
+    let as_f64 = |w: &[u32]| -> Vec<u64> {
+        w.chunks_exact(2)
+            .map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32))
+            .collect()
+    };
+    let quot = as_f64(
+        &lab.run_wide("div_f64", n, 2, [&words(&a), &words(&b), &[]])
+            .unwrap(),
+    );
+    let div_f64 = (0..n)
+        .filter(|&i| quot[i] != (a[i] / b[i]).to_bits())
+        .count();
+    let roots = as_f64(
+        &lab.run_wide("sqrt_f64", n, 2, [&words(&a), &[], &[]])
+            .unwrap(),
+    );
+    let sqrt_f64 = (0..n)
+        .filter(|&i| roots[i] != a[i].sqrt().to_bits())
+        .count();
+
+    let (x, y, _) = mul_add_inputs();
+    let y: Vec<f32> = y.iter().map(|v| if *v == 0.0 { 1.0 } else { *v }).collect();
+    let got = lab
+        .run("div_f32", x.len(), [&bits(&x), &bits(&y), &[]])
+        .unwrap();
+    let div_f32 = (0..x.len())
+        .filter(|&i| got[i] != (x[i] / y[i]).to_bits())
+        .count();
+
+    // RMSNorm's row scale from mean squares of every size a row has, and the models' epsilons.
+    let ms = f64_operands(&mut rng, n, -40, 40);
+    let eps: Vec<f32> = (0..n).map(|i| [1e-5, 1e-6, 1e-12][i % 3]).collect();
+    let got = lab
+        .run("inv_rms", n, [&words(&ms), &bits(&eps), &[]])
+        .unwrap();
+    let inv_rms = (0..n)
+        .filter(|&i| got[i] != ((1.0 / (ms[i] + f64::from(eps[i])).sqrt()) as f32).to_bits())
+        .count();
+    [div_f64, sqrt_f64, div_f32, inv_rms]
+}
+
+#[test]
+fn division_and_square_root_are_correctly_rounded() {
+    let Some(lab) = lab() else { return };
+    assert_eq!(
+        division_run(lab),
+        [0; 4],
+        "div_f64, sqrt_f64, div_f32, inv_rms"
+    );
+    // A driver whose division and square root are a couple of ulps off is corrected...
+    let sloppy = mutant("var q = a / b;", "var q = (a / b) * (1.0lf + pow2(-51));");
+    let sloppy = sloppy.replacen(
+        "var s = sqrt(x);",
+        "var s = sqrt(x) * (1.0lf - pow2(-51));",
+        1,
+    );
+    let lab = FloatLab::with_source(&sloppy).unwrap();
+    assert_eq!(division_run(&lab), [0; 4], "corrected from a sloppy guess");
+    // ...and without the correction, it shows.
+    let uncorrected = sloppy.replace("for (var i = 0; i < 4;", "for (var i = 0; i < 0;");
+    let lab = FloatLab::with_source(&uncorrected).unwrap();
+    let counts = division_run(&lab);
+    eprintln!("mutant 'sloppy guess, no correction': lanes differ {counts:?}");
+    // (Two f64 ulps seldom move an f32 rounding: the f32 paths share `div_rn` and `sqrt_rn`.)
+    assert!(counts[0] > 0 && counts[1] > 0, "uncorrected: {counts:?}");
+}
+
 /// The library with one change, for the mutation cases.
 fn mutant(from: &str, to: &str) -> String {
     assert!(FLOATS_WGSL.contains(from), "mutation site {from:?} is gone");
