@@ -82,7 +82,7 @@ pub(crate) fn matmul_f32(a: &[f32], t: usize, b: &[f32], n: usize, k: usize) -> 
 /// Llama's RMSNorm over each row: `w · (x · inv)` in f32 as `transformers` orders it, where
 /// `inv = 1/sqrt(mean(x²) + eps)` is computed in f64 (the squares of f32 values are exact there; the
 /// sum's rounding errors are far below an f32 ulp, so its order does not matter) and rounded once.
-pub(crate) fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
+pub fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(cols) {
         let ms = row
             .iter()

@@ -175,13 +175,60 @@ impl FloatLab {
         per_lane: usize,
         inputs: [&[u32]; 3],
     ) -> Result<Vec<u32>> {
-        if n == 0 {
+        let groups = n.div_ceil(GROUP);
+        let grid = if groups <= MAX_GROUPS {
+            (groups, 1)
+        } else {
+            (MAX_GROUPS, groups.div_ceil(MAX_GROUPS))
+        };
+        self.launch(name, n, grid, n * per_lane, [0; 3], inputs)
+    }
+
+    /// Runs row entry point `name` with one workgroup a row, `dims` as its `d0..d2`, and returns
+    /// its `out_words` output words.
+    pub fn run_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        out_words: usize,
+        dims: [u32; 3],
+        inputs: [&[u32]; 3],
+    ) -> Result<Vec<u32>> {
+        if rows > MAX_GROUPS {
+            return Err(Error::TooLarge {
+                what: "rows of a row entry point",
+                bytes: rows as u64,
+                limit: MAX_GROUPS as u64,
+            });
+        }
+        self.launch(name, rows, (rows, 1), out_words, dims, inputs)
+    }
+
+    fn launch(
+        &self,
+        name: &str,
+        n: usize,
+        (x, y): (usize, usize),
+        out_words: usize,
+        dims: [u32; 3],
+        inputs: [&[u32]; 3],
+    ) -> Result<Vec<u32>> {
+        if n == 0 || out_words == 0 {
             return Ok(Vec::new());
         }
         let pipeline = self.pipeline(name)?;
         let device = &self.gpu.device;
         use wgpu::util::DeviceExt;
-        let params: [u32; 4] = [n as u32, 1.0f32.to_bits(), 0, 0];
+        let params: [u32; 8] = [
+            n as u32,
+            1.0f32.to_bits(),
+            dims[0],
+            dims[1],
+            dims[2],
+            0,
+            0,
+            0,
+        ];
         let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("floats params"),
             contents: bytemuck::cast_slice(&params),
@@ -203,7 +250,7 @@ impl FloatLab {
                 })
             })
             .collect();
-        let bytes = (n * per_lane * 4) as u64;
+        let bytes = (out_words * 4) as u64;
         let out = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("floats out"),
             size: bytes,
@@ -227,12 +274,6 @@ impl FloatLab {
                 whole(4, &out),
             ],
         });
-        let groups = n.div_ceil(GROUP);
-        let (x, y) = if groups <= MAX_GROUPS {
-            (groups, 1)
-        } else {
-            (MAX_GROUPS, groups.div_ceil(MAX_GROUPS))
-        };
         let mut encoder = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("floats"),
         });

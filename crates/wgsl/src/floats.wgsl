@@ -19,11 +19,17 @@
 //   rounded neighbour, ties to even.
 
 struct Params {
+    // Lanes (elementwise entry points) or rows (row entry points).
     n: u32,
     // 1.0f32 as bits; `one` is its f64 widening, the value `g` multiplies by.
     one_bits: u32,
+    // Shapes and scalars of the row entry points.
+    d0: u32,
+    d1: u32,
+    d2: u32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -88,10 +94,11 @@ struct Pair {
     lo: f64,
 }
 
-// The exponent e of a positive normal f64: 2^e <= a < 2^(e+1).
+// The exponent e of a positive normal f64: 2^e <= a < 2^(e+1). (Bounded: an infinite or NaN `a`,
+// which no caller passes, ends the loop with a wrong e rather than hanging the device.)
 fn exponent(a: f64) -> i32 {
     var e = clamp(i32(floor(log2(f32(a)))), -1022, 1023);
-    loop {
+    for (var i = 0; i < 2100; i = i + 1) {
         if pow2(e) > a {
             e = e - 1;
         } else if pow2(e + 1) <= a {
@@ -305,17 +312,120 @@ fn sqrt_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     store64(i, sqrt_rn(load64(0u, i)));
 }
 
-// f32 a / b, correctly rounded: the f64 quotient rounded once more (53 >= 2 * 24 + 2).
+// f32 a / b (bits), correctly rounded: the f64 quotient rounded once more (53 >= 2 * 24 + 2).
+fn div32(a_bits: u32, b_bits: u32) -> u32 {
+    let a = widen(a_bits);
+    let b = widen(b_bits);
+    let q = div_rn(abs(a), abs(b));
+    return narrow(select(q, -q, (a < 0.0lf) != (b < 0.0lf)));
+}
+
+// f32 a * b (bits), correctly rounded.
+fn mul32(a_bits: u32, b_bits: u32) -> u32 {
+    return narrow(widen(a_bits) * widen(b_bits));
+}
+
 @compute @workgroup_size(256)
 fn div_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = start(gid, groups);
     if i >= P.n {
         return;
     }
-    let a = widen(A[i]);
-    let b = widen(B[i]);
-    let q = div_rn(abs(a), abs(b));
-    O[i] = narrow(select(q, -q, (a < 0.0lf) != (b < 0.0lf)));
+    O[i] = div32(A[i], B[i]);
+}
+
+// One int8 of the contract's row quantization: clamp(round_ties_even(v * inv), -127, 127), with
+// `v * inv` an f32 product; `inv` infinite (a row whose max is below 127 / f32::MAX) maps 0 to 0
+// (NaN as i8) and everything else to +-127, as the CPU does.
+fn quantize1(v: u32, inv: u32) -> i32 {
+    let p = widen(mul32(v, inv));
+    if inv == 0x7f800000u {
+        if (v & 0x7fffffffu) == 0u {
+            return 0;
+        }
+        return select(127, -127, p < 0.0lf);
+    }
+    return i32(clamp(round(p), -127.0lf, 127.0lf));
+}
+
+var<workgroup> wg_inv: u32;
+var<workgroup> wg_max: array<u32, 256>;
+
+// The residual stream after a product, then the next product's operand, one workgroup a row t:
+//   x' = x + ((f32(acc) * sa) * sb)            (dequantization, then the residual addition)
+//   y  = w * (x' * f32(1 / sqrt(mean(x'^2) + eps)))   (RMSNorm, the sum in f64 in column order)
+//   q, s = the contract's quantization of y (s = m / 127, inv = 127 / m, m = max |y|)
+// A: x (T*H f32 bits), then acc (T*H i32). B: sa (T), sb (H), w (H). d0 = H, d1 = eps's bits,
+// d2 = RW, the u32 words of a packed row (the GEMM kernel's padded layout).
+// O: x' (T*H) | q (T*RW words, four int8 a word) | s (T) | y (T*H, scratch).
+@compute @workgroup_size(256)
+fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let h = P.d0;
+    let rw = P.d2;
+    let t = wid.x;
+    let row = t * h;
+    let q0 = rows * h;
+    let s0 = q0 + rows * rw;
+    let y0 = s0 + rows;
+    let sa = B[t];
+    for (var j = li; j < h; j = j + 256u) {
+        let c = mul32(mul32(narrow(f64(bitcast<i32>(A[q0 + row + j]))), sa), B[rows + j]);
+        O[row + j] = narrow(widen(A[row + j]) + widen(c));
+    }
+    storageBarrier();
+    if li == 0u {
+        var sum = 0.0lf;
+        for (var j = 0u; j < h; j = j + 1u) {
+            let v = widen(O[row + j]);
+            // v * v is exact in f64: fused or not, one rounding (the addition's).
+            sum = sum + v * v;
+        }
+        let ms = div_rn(sum, f64(h));
+        wg_inv = narrow(div_rn(1.0lf, sqrt_rn(ms + widen(P.d1))));
+    }
+    workgroupBarrier();
+    let inv = wg_inv;
+    var m = 0u;
+    for (var j = li; j < h; j = j + 256u) {
+        let y = mul32(B[rows + h + j], mul32(O[row + j], inv));
+        O[y0 + row + j] = y;
+        m = max(m, y & 0x7fffffffu);
+    }
+    wg_max[li] = m;
+    storageBarrier();
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
+        if li < stride {
+            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
+        }
+        workgroupBarrier();
+    }
+    let mb = wg_max[0];
+    // (Non-finite rows are refused before they get here; a row below f32::MIN_POSITIVE is zeros.)
+    let tiny = mb < 0x00800000u;
+    var qinv = 0u;
+    if !tiny {
+        qinv = div32(0x42fe0000u, mb);
+    }
+    if li == 0u {
+        var scale = 0u;
+        if !tiny {
+            scale = div32(mb, 0x42fe0000u);
+        }
+        O[s0 + t] = scale;
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b = b + 1u) {
+            let j = 4u * wd + b;
+            if j < h && !tiny {
+                word = word | ((u32(quantize1(O[y0 + row + j], qinv)) & 0xffu) << (8u * b));
+            }
+        }
+        O[q0 + t * rw + wd] = word;
+    }
 }
 
 // RMSNorm's scale of a row, f32(1 / sqrt(ms + eps)) in f64, from ms's f64 words and eps's f32 bits.

@@ -391,6 +391,94 @@ fn division_and_square_root_are_correctly_rounded() {
     assert!(counts[0] > 0 && counts[1] > 0, "uncorrected: {counts:?}");
 }
 
+/// `residual_norm_quantize` on `lab` against the CPU (`daisy_gemm_int8::dequantize`, the f32
+/// addition, `daisy_model::rms_norm`, `daisy_gemm_int8::quantize_rows`) for `t` rows of `h`:
+/// lanes that differ in (x', q, scales).
+fn residual_norm_run(lab: &FloatLab, t: usize, h: usize, seed: u64) -> [usize; 3] {
+    let mut rng = Rng(seed);
+    let mut x: Vec<f32> = (0..t * h).map(|_| rng.f32_in(-8, 3)).collect();
+    let mut acc: Vec<i32> = (0..t * h)
+        .map(|_| (rng.next() % (1 << 22)) as i32 - (1 << 21))
+        .collect();
+    let sa: Vec<f32> = (0..t).map(|_| rng.f32_in(-12, -6).abs()).collect();
+    let sb: Vec<f32> = (0..h).map(|_| rng.f32_in(-12, -6).abs()).collect();
+    let w: Vec<f32> = (0..h).map(|_| rng.f32_in(-2, 1)).collect();
+    let eps = 1e-5f32;
+    // Row 1: all zero (quantizes to zeros with scale 0); row 2: tiny values (subnormal products).
+    for j in 0..h {
+        x[h + j] = 0.0;
+        acc[h + j] = 0;
+        x[2 * h + j] = rng.f32_in(-140, -120);
+        acc[2 * h + j] = 0;
+    }
+    let c = daisy_gemm_int8::dequantize(&acc, &sa, &sb).unwrap();
+    let xs: Vec<f32> = x.iter().zip(&c).map(|(a, b)| a + b).collect();
+    let mut y = xs.clone();
+    daisy_model::rms_norm(&mut y, h, &w, eps);
+    let q = daisy_gemm_int8::quantize_rows(&y, t, h).unwrap();
+
+    let rw = h.div_ceil(64) * 16;
+    let a: Vec<u32> = bits(&x)
+        .into_iter()
+        .chain(acc.iter().map(|&v| v as u32))
+        .collect();
+    let b: Vec<u32> = [bits(&sa), bits(&sb), bits(&w)].concat();
+    let out = lab
+        .run_rows(
+            "residual_norm_quantize",
+            t,
+            2 * t * h + t * rw + t,
+            [h as u32, eps.to_bits(), rw as u32],
+            [&a, &b, &[]],
+        )
+        .unwrap();
+    let x_diff = diff(&out[..t * h], &bits(&xs)).0;
+    let q_got: Vec<i8> = (0..t)
+        .flat_map(|r| {
+            let words = &out[t * h + r * rw..t * h + (r + 1) * rw];
+            (0..h).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
+        })
+        .collect();
+    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let s_diff = diff(&out[t * h + t * rw..t * h + t * rw + t], &bits(q.scales())).0;
+    [x_diff, q_diff, s_diff]
+}
+
+#[test]
+fn residual_norm_and_quantization_equal_the_cpu() {
+    let Some(lab) = lab() else { return };
+    // SmolLM2's and the 1.39 B model's widths, and one that is not a multiple of 4 or 64.
+    for (t, h, seed) in [(40, 576, 23), (9, 1536, 29), (5, 103, 31)] {
+        assert_eq!(
+            residual_norm_run(lab, t, h, seed),
+            [0; 3],
+            "t {t}, h {h}: x', q, scales"
+        );
+    }
+    for (what, from, to) in [
+        (
+            "dequantization in one multiply",
+            "mul32(mul32(narrow(f64(bitcast<i32>(A[q0 + row + j]))), sa), B[rows + j])",
+            "narrow(f64(bitcast<i32>(A[q0 + row + j])) * widen(mul32(sa, B[rows + j])))",
+        ),
+        (
+            "RMSNorm's mean as a sum",
+            "let ms = div_rn(sum, f64(h));",
+            "let ms = sum;",
+        ),
+        (
+            "rounding by truncation",
+            "return i32(clamp(round(p), -127.0lf, 127.0lf));",
+            "return i32(clamp(trunc(p), -127.0lf, 127.0lf));",
+        ),
+    ] {
+        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
+        let counts = residual_norm_run(&lab, 40, 576, 23);
+        eprintln!("mutant '{what}': lanes differ (x', q, scales) {counts:?}");
+        assert!(counts.iter().sum::<usize>() > 0, "mutant '{what}' passed");
+    }
+}
+
 /// The library with one change, for the mutation cases.
 fn mutant(from: &str, to: &str) -> String {
     assert!(FLOATS_WGSL.contains(from), "mutation site {from:?} is gone");
