@@ -14,9 +14,10 @@
 //   mark exact (Mesa folds `(a + 2^52) - 2^52` to `a`): a rounding the CPU does by adding and
 //   removing a constant is `round` (ties to even) here.
 // - No division or square root of the driver's on trust (their precision is not specified):
-//   `div_rn` and `sqrt_rn` take the driver's result as a first guess, compute the exact remainder
-//   with Dekker's product (guarded: no fused multiply-add needed), and step to the correctly
-//   rounded neighbour, ties to even.
+//   `div_rn` and `sqrt_rn` take the driver's result as a first guess, refine it by one Newton step,
+//   compute the exact remainder with Dekker's product (guarded: no fused multiply-add needed), and
+//   step to the correctly rounded neighbour, ties to even. (The H100's own f64 division and square
+//   root are off by an ulp on some inputs: the step is needed there.)
 
 struct Params {
     // Lanes (elementwise entry points) or rows (row entry points).
@@ -138,6 +139,9 @@ fn div_rn(a: f64, b: f64) -> f64 {
         return 0.0lf;
     }
     var q = a / b;
+    // One Newton step on the remainder takes a guess that is many ulps off to within about one.
+    let qb0 = two_prod(q, b);
+    q = q + (g(a - qb0.hi) - qb0.lo) / b;
     for (var i = 0; i < 4; i = i + 1) {
         // r = a - q * b, exactly (a - hi by Sterbenz's lemma; r is representable for a q within
         // a few ulps of the quotient).
@@ -166,6 +170,8 @@ fn sqrt_rn(x: f64) -> f64 {
         return 0.0lf;
     }
     var s = sqrt(x);
+    let ss0 = two_prod(s, s);
+    s = s + (g(x - ss0.hi) - ss0.lo) / (2.0lf * s);
     for (var i = 0; i < 4; i = i + 1) {
         // r = x - s * s exactly; s is too small when x > (s + h)^2, i.e. r > 2 s h, and too large
         // when x < (s - hd)^2, i.e. r <= -2 s hd (the h^2 terms are below r's ulp).
