@@ -247,7 +247,7 @@ const SUM_ROWS: usize = 4;
 /// scaling it, changes nothing. Each row's f64 sum still adds its values left to right, but up to
 /// [`SUM_ROWS`] rows' sums advance together, so that their additions overlap instead of each
 /// waiting for the one before it.
-pub(crate) fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
+pub fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
     debug_assert_eq!(rows.len(), n * visible.len());
     if n == 0 {
         return;

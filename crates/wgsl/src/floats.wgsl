@@ -357,6 +357,45 @@ fn quantize1(v: u32, inv: u32) -> i32 {
 var<workgroup> wg_inv: u32;
 var<workgroup> wg_max: array<u32, 256>;
 
+// The contract's quantization of one row held in O[y .. y + h] by a workgroup, each thread having
+// folded max |y| of its columns into `m`: four int8 a word into O[q .. q + rw] (zero-padded), the
+// scale into O[s] (m / 127; 0 and a row of zeros below f32::MIN_POSITIVE). Non-finite rows are
+// refused before they get here. Called by every thread of the workgroup.
+fn quantize_row(m: u32, y: u32, h: u32, q: u32, rw: u32, s: u32, li: u32) {
+    wg_max[li] = m;
+    storageBarrier();
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
+        if li < stride {
+            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
+        }
+        workgroupBarrier();
+    }
+    let mb = wg_max[0];
+    let tiny = mb < 0x00800000u;
+    var qinv = 0u;
+    if !tiny {
+        qinv = div32(0x42fe0000u, mb);
+    }
+    if li == 0u {
+        var scale = 0u;
+        if !tiny {
+            scale = div32(mb, 0x42fe0000u);
+        }
+        O[s] = scale;
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        var word = 0u;
+        for (var b = 0u; b < 4u; b = b + 1u) {
+            let j = 4u * wd + b;
+            if j < h && !tiny {
+                word = word | ((u32(quantize1(O[y + j], qinv)) & 0xffu) << (8u * b));
+            }
+        }
+        O[q + wd] = word;
+    }
+}
+
 // The residual stream after a product, then the next product's operand, one workgroup a row t:
 //   x' = x + ((f32(acc) * sa) * sb)            (dequantization, then the residual addition)
 //   y  = w * (x' * f32(1 / sqrt(mean(x'^2) + eps)))   (RMSNorm, the sum in f64 in column order)
@@ -399,39 +438,7 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         O[y0 + row + j] = y;
         m = max(m, y & 0x7fffffffu);
     }
-    wg_max[li] = m;
-    storageBarrier();
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
-        if li < stride {
-            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
-        }
-        workgroupBarrier();
-    }
-    let mb = wg_max[0];
-    // (Non-finite rows are refused before they get here; a row below f32::MIN_POSITIVE is zeros.)
-    let tiny = mb < 0x00800000u;
-    var qinv = 0u;
-    if !tiny {
-        qinv = div32(0x42fe0000u, mb);
-    }
-    if li == 0u {
-        var scale = 0u;
-        if !tiny {
-            scale = div32(mb, 0x42fe0000u);
-        }
-        O[s0 + t] = scale;
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        var word = 0u;
-        for (var b = 0u; b < 4u; b = b + 1u) {
-            let j = 4u * wd + b;
-            if j < h && !tiny {
-                word = word | ((u32(quantize1(O[y0 + row + j], qinv)) & 0xffu) << (8u * b));
-            }
-        }
-        O[q0 + t * rw + wd] = word;
-    }
+    quantize_row(m, y0 + row, h, q0 + t * rw, rw, s0 + t, li);
 }
 
 // RMSNorm's scale of a row, f32(1 / sqrt(ms + eps)) in f64, from ms's f64 words and eps's f32 bits.
@@ -504,4 +511,80 @@ fn probe_narrow_hw(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
         return;
     }
     O[i] = bitcast<u32>(f32(load64(0u, i)));
+}
+
+// Attention's scores after their product, one workgroup a row t of n keys:
+//   s = ((f32(acc) * sa) * sb) * scale on the row's visible keys [lo, hi), 0 elsewhere
+//   p = the contract's softmax of the visible run (max, e = exp(s - max), the f64 sum left to
+//       right, inv = f32(1 / sum), p = e * inv), masked entries exactly 0
+//   then p quantized as the next product's operand.
+// A: acc (T*n i32). B: sa (T), sb (n), lo (T), hi (T). d0 = n, d1 = scale's bits, d2 = RW.
+// O: p (T*n) | q (T*RW) | scales (T).
+@compute @workgroup_size(256)
+fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let n = P.d0;
+    let rw = P.d2;
+    let t = wid.x;
+    let row = t * n;
+    let q0 = rows * n;
+    let s0 = q0 + rows * rw;
+    let sa = B[t];
+    let lo = B[rows + n + t];
+    let hi = min(B[rows + n + rows + t], n);
+    var mx = 0xff800000u;
+    for (var j = li; j < n; j = j + 256u) {
+        var v = 0u;
+        if j >= lo && j < hi {
+            v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), sa), B[rows + j]), P.d1);
+            if widen(v) > widen(mx) {
+                mx = v;
+            }
+        }
+        O[row + j] = v;
+    }
+    wg_max[li] = mx;
+    storageBarrier();
+    workgroupBarrier();
+    // The row's max (any order gives the same value; +0 and -0 give the same exp).
+    if li == 0u {
+        var best = 0xff800000u;
+        for (var i = 0u; i < 256u; i = i + 1u) {
+            if widen(wg_max[i]) > widen(best) {
+                best = wg_max[i];
+            }
+        }
+        wg_inv = best;
+    }
+    workgroupBarrier();
+    let best = wg_inv;
+    let live = lo < hi && best != 0xff800000u;
+    for (var j = li; j < n; j = j + 256u) {
+        var e = 0u;
+        if live && j >= lo && j < hi {
+            e = narrow(exp_f64(widen(narrow(widen(O[row + j]) - widen(best)))));
+        }
+        O[row + j] = e;
+    }
+    storageBarrier();
+    workgroupBarrier();
+    if li == 0u && live {
+        var sum = 0.0lf;
+        for (var j = lo; j < hi; j = j + 1u) {
+            sum = sum + widen(O[row + j]);
+        }
+        wg_inv = narrow(div_rn(1.0lf, sum));
+    }
+    workgroupBarrier();
+    let inv = wg_inv;
+    var m = 0u;
+    for (var j = li; j < n; j = j + 256u) {
+        if live && j >= lo && j < hi {
+            let p = mul32(O[row + j], inv);
+            O[row + j] = p;
+            m = max(m, p & 0x7fffffffu);
+        }
+    }
+    quantize_row(m, row, n, q0 + t * rw, rw, s0 + t, li);
 }

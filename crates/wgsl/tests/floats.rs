@@ -481,6 +481,93 @@ fn residual_norm_and_quantization_equal_the_cpu() {
     }
 }
 
+/// `scores_softmax_quantize` on `lab` against the CPU (`daisy_gemm_int8::dequantize`, the scale,
+/// `daisy_model::softmax_visible_rows`, `daisy_gemm_int8::quantize_rows`) for `t` query rows over
+/// `n` keys with causal runs (a sliding window on every third row, one empty row): lanes that
+/// differ in (p, q, scales).
+fn softmax_run(lab: &FloatLab, t: usize, n: usize, seed: u64) -> [usize; 3] {
+    let mut rng = Rng(seed);
+    let acc: Vec<i32> = (0..t * n)
+        .map(|_| (rng.next() % (1 << 19)) as i32 - (1 << 18))
+        .collect();
+    let sa: Vec<f32> = (0..t).map(|_| rng.f32_in(-9, -5).abs()).collect();
+    let sb: Vec<f32> = (0..n).map(|_| rng.f32_in(-9, -5).abs()).collect();
+    let scale = 96f64.powf(-0.5) as f32;
+    let runs: Vec<std::ops::Range<usize>> = (0..t)
+        .map(|r| {
+            let qpos = n - t + r;
+            let lo = if r % 3 == 1 {
+                (qpos + 1).saturating_sub(37)
+            } else {
+                0
+            };
+            if r == 2 { 0..0 } else { lo..qpos + 1 }
+        })
+        .collect();
+    let mut p = daisy_gemm_int8::dequantize(&acc, &sa, &sb).unwrap();
+    for (row, run) in p.chunks_exact_mut(n).zip(&runs) {
+        for v in &mut row[run.clone()] {
+            *v *= scale;
+        }
+    }
+    daisy_model::softmax_visible_rows(&mut p, n, &runs);
+    let q = daisy_gemm_int8::quantize_rows(&p, t, n).unwrap();
+
+    let rw = n.div_ceil(64) * 16;
+    let a: Vec<u32> = acc.iter().map(|&v| v as u32).collect();
+    let lo = runs.iter().map(|r| r.start as u32);
+    let hi = runs.iter().map(|r| r.end as u32);
+    let b: Vec<u32> = [bits(&sa), bits(&sb), lo.collect(), hi.collect()].concat();
+    let out = lab
+        .run_rows(
+            "scores_softmax_quantize",
+            t,
+            t * n + t * rw + t,
+            [n as u32, scale.to_bits(), rw as u32],
+            [&a, &b, &[]],
+        )
+        .unwrap();
+    let p_diff = diff(&out[..t * n], &bits(&p)).0;
+    let q_got: Vec<i8> = (0..t)
+        .flat_map(|r| {
+            let words = &out[t * n + r * rw..t * n + (r + 1) * rw];
+            (0..n).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
+        })
+        .collect();
+    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let s_diff = diff(&out[t * n + t * rw..], &bits(q.scales())).0;
+    [p_diff, q_diff, s_diff]
+}
+
+#[test]
+fn scores_softmax_and_quantization_equal_the_cpu() {
+    let Some(lab) = lab() else { return };
+    for (t, n, seed) in [(16, 300, 37), (7, 64, 41), (3, 1100, 43)] {
+        assert_eq!(
+            softmax_run(lab, t, n, seed),
+            [0; 3],
+            "t {t}, n {n}: p, q, scales"
+        );
+    }
+    for (what, from, to) in [
+        (
+            "the sum in f32",
+            "sum = sum + widen(O[row + j]);",
+            "sum = widen(narrow(sum + widen(O[row + j])));",
+        ),
+        (
+            "the scale before the dequantization",
+            "v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), sa), B[rows + j]), P.d1);",
+            "v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), P.d1), sa), B[rows + j]);",
+        ),
+    ] {
+        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
+        let counts = softmax_run(&lab, 16, 300, 37);
+        eprintln!("mutant '{what}': lanes differ (p, q, scales) {counts:?}");
+        assert!(counts.iter().sum::<usize>() > 0, "mutant '{what}' passed");
+    }
+}
+
 /// The library with one change, for the mutation cases.
 fn mutant(from: &str, to: &str) -> String {
     assert!(FLOATS_WGSL.contains(from), "mutation site {from:?} is gone");
