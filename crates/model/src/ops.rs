@@ -169,7 +169,7 @@ pub(crate) fn silu(x: f32) -> f32 {
 }
 
 /// `silu(g[i]) · u[i]` for each i, appended to `out` (the bits of [`silu`], vectorized).
-pub(crate) fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
+pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
     let start = out.len();
     out.extend(g.iter().map(|v| -v));
     let e = &mut out[start..];

@@ -588,3 +588,30 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     }
     quantize_row(m, row, n, q0 + t * rw, rw, s0 + t, li);
 }
+
+// The MLP's activation after the gate/up product, one workgroup a row t:
+//   g, u = (f32(acc) * sa) * sb for the row's first and second I columns
+//   a = g / (1 + exp(-g)) * u       (SiLU, each step an f32 operation, exp the contract's)
+//   then a quantized as the down product's operand.
+// A: acc (T*2I i32). B: sa (T), sb (2I). d0 = I, d2 = RW. O: a (T*I) | q (T*RW) | scales (T).
+@compute @workgroup_size(256)
+fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let n = P.d0;
+    let rw = P.d2;
+    let t = wid.x;
+    let q0 = rows * n;
+    let s0 = q0 + rows * rw;
+    let sa = B[t];
+    var m = 0u;
+    for (var j = li; j < n; j = j + 256u) {
+        let g = mul32(mul32(narrow(f64(bitcast<i32>(A[2u * t * n + j]))), sa), B[rows + j]);
+        let u = mul32(mul32(narrow(f64(bitcast<i32>(A[2u * t * n + n + j]))), sa), B[rows + n + j]);
+        let e = narrow(exp_f64(-widen(g)));
+        let a = mul32(div32(g, narrow(1.0lf + widen(e))), u);
+        O[t * n + j] = a;
+        m = max(m, a & 0x7fffffffu);
+    }
+    quantize_row(m, t * n, n, q0 + t * rw, rw, s0 + t, li);
+}

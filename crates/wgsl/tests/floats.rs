@@ -568,6 +568,68 @@ fn scores_softmax_and_quantization_equal_the_cpu() {
     }
 }
 
+/// `gate_up_silu_quantize` on `lab` against the CPU (`daisy_gemm_int8::dequantize`,
+/// `daisy_model::silu_mul`, `daisy_gemm_int8::quantize_rows`) for `t` rows of `i` activations:
+/// lanes that differ in (a, q, scales).
+fn silu_run(lab: &FloatLab, t: usize, i: usize, seed: u64) -> [usize; 3] {
+    let mut rng = Rng(seed);
+    let acc: Vec<i32> = (0..t * 2 * i)
+        .map(|_| (rng.next() % (1 << 21)) as i32 - (1 << 20))
+        .collect();
+    let sa: Vec<f32> = (0..t).map(|_| rng.f32_in(-11, -7).abs()).collect();
+    let sb: Vec<f32> = (0..2 * i).map(|_| rng.f32_in(-11, -7).abs()).collect();
+    let gu = daisy_gemm_int8::dequantize(&acc, &sa, &sb).unwrap();
+    let mut act = Vec::with_capacity(t * i);
+    for row in gu.chunks_exact(2 * i) {
+        let (g, u) = row.split_at(i);
+        daisy_model::silu_mul(g, u, &mut act);
+    }
+    let q = daisy_gemm_int8::quantize_rows(&act, t, i).unwrap();
+    let rw = i.div_ceil(64) * 16;
+    let a: Vec<u32> = acc.iter().map(|&v| v as u32).collect();
+    let b: Vec<u32> = [bits(&sa), bits(&sb)].concat();
+    let out = lab
+        .run_rows(
+            "gate_up_silu_quantize",
+            t,
+            t * i + t * rw + t,
+            [i as u32, 0, rw as u32],
+            [&a, &b, &[]],
+        )
+        .unwrap();
+    let a_diff = diff(&out[..t * i], &bits(&act)).0;
+    let q_got: Vec<i8> = (0..t)
+        .flat_map(|r| {
+            let words = &out[t * i + r * rw..t * i + (r + 1) * rw];
+            (0..i).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
+        })
+        .collect();
+    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let s_diff = diff(&out[t * i + t * rw..], &bits(q.scales())).0;
+    [a_diff, q_diff, s_diff]
+}
+
+#[test]
+fn silu_and_quantization_equal_the_cpu() {
+    let Some(lab) = lab() else { return };
+    // SmolLM2's and the 1.39 B model's FFN widths.
+    for (t, i, seed) in [(20, 1536, 47), (3, 8960, 53)] {
+        assert_eq!(
+            silu_run(lab, t, i, seed),
+            [0; 3],
+            "t {t}, i {i}: a, q, scales"
+        );
+    }
+    let lab = FloatLab::with_source(&mutant(
+        "let a = mul32(div32(g, narrow(1.0lf + widen(e))), u);",
+        "let a = mul32(g, mul32(div32(0x3f800000u, narrow(1.0lf + widen(e))), u));",
+    ))
+    .unwrap();
+    let counts = silu_run(&lab, 20, 1536, 47);
+    eprintln!("mutant 'SiLU as g * (1 / (1 + e))': lanes differ (a, q, scales) {counts:?}");
+    assert!(counts.iter().sum::<usize>() > 0, "the SiLU mutant passed");
+}
+
 /// The library with one change, for the mutation cases.
 fn mutant(from: &str, to: &str) -> String {
     assert!(FLOATS_WGSL.contains(from), "mutation site {from:?} is gone");
