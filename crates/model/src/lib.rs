@@ -30,7 +30,7 @@ pub use generate::{
     generate_streaming, rebuild, score,
 };
 pub use json::{JSON_TOP_K, JsonMask, JsonPrefix};
-pub use ops::{rms_norm, silu_mul, softmax_visible_rows};
+pub use ops::{apply_rope, rms_norm, rope_cos_sin, rope_inv_freq, silu_mul, softmax_visible_rows};
 pub use sample::{Sampling, argmax, draw, pick, prefill_chunks, top2_margin};
 pub use shard::MAX_LIVE_LAYERS;
 pub use source::{RawTensor, Source};

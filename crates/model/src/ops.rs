@@ -116,7 +116,7 @@ pub(crate) fn layer_norm(x: &mut [f32], cols: usize, weight: &[f32], bias: &[f32
 }
 
 /// `transformers`' default rotary frequencies `1 / theta^(2i/d)`, computed in f64 and rounded once.
-pub(crate) fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
+pub fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
     (0..head_dim / 2)
         .map(|i| (1.0 / libm::pow(f64::from(theta), (2 * i) as f64 / head_dim as f64)) as f32)
         .collect()
@@ -134,23 +134,12 @@ fn rounded(f: fn(f64) -> f64, x: f32) -> f32 {
 /// Rotate each `head_dim`-wide head of each row in place, row `r` at position `pos0 + r`, with
 /// `transformers`' `rotate_half` convention: `x·cos + rotate_half(x)·sin`. The angle is the f32
 /// product `pos · inv_freq[i]`, as `transformers` forms it.
-pub(crate) fn apply_rope(
-    x: &mut [f32],
-    cols: usize,
-    head_dim: usize,
-    pos0: usize,
-    inv_freq: &[f32],
-) {
+pub fn apply_rope(x: &mut [f32], cols: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
     let half = head_dim / 2;
     let mut cos = vec![0f32; half];
     let mut sin = vec![0f32; half];
     for (r, row) in x.chunks_exact_mut(cols).enumerate() {
-        let pos = (pos0 + r) as f32;
-        for i in 0..half {
-            let f = pos * inv_freq[i];
-            cos[i] = rounded(libm::cos, f);
-            sin[i] = rounded(libm::sin, f);
-        }
+        rope_cos_sin(pos0 + r, &inv_freq[..half], &mut cos, &mut sin);
         for head in row.chunks_exact_mut(head_dim) {
             for i in 0..half {
                 let x1 = head[i];
@@ -159,6 +148,17 @@ pub(crate) fn apply_rope(
                 head[i + half] = x2 * cos[i] + x1 * sin[i];
             }
         }
+    }
+}
+
+/// RoPE's `cos` and `sin` at position `pos` for each frequency: the f64 functions of the f32
+/// angle `pos · inv_freq[i]`, rounded once (a device that rotates takes these tables as input).
+pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32]) {
+    let pos = pos as f32;
+    for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
+        let angle = pos * f;
+        *c = rounded(libm::cos, angle);
+        *s = rounded(libm::sin, angle);
     }
 }
 

@@ -181,17 +181,17 @@ impl FloatLab {
         } else {
             (MAX_GROUPS, groups.div_ceil(MAX_GROUPS))
         };
-        self.launch(name, n, grid, n * per_lane, [0; 3], inputs)
+        self.launch(name, n, grid, n * per_lane, &[], inputs)
     }
 
-    /// Runs row entry point `name` with one workgroup a row, `dims` as its `d0..d2`, and returns
-    /// its `out_words` output words.
+    /// Runs row entry point `name` with one workgroup a row, `dims` as its `d0..` (at most six),
+    /// and returns its `out_words` output words.
     pub fn run_rows(
         &self,
         name: &str,
         rows: usize,
         out_words: usize,
-        dims: [u32; 3],
+        dims: &[u32],
         inputs: [&[u32]; 3],
     ) -> Result<Vec<u32>> {
         if rows > MAX_GROUPS {
@@ -210,25 +210,28 @@ impl FloatLab {
         n: usize,
         (x, y): (usize, usize),
         out_words: usize,
-        dims: [u32; 3],
+        dims: &[u32],
         inputs: [&[u32]; 3],
     ) -> Result<Vec<u32>> {
+        if dims.len() > 6 {
+            return Err(Error::ShapeMismatch {
+                operand: "the row entry point's dims",
+                got: dims.len(),
+                expected: 6,
+            });
+        }
         if n == 0 || out_words == 0 {
             return Ok(Vec::new());
         }
         let pipeline = self.pipeline(name)?;
         let device = &self.gpu.device;
         use wgpu::util::DeviceExt;
-        let params: [u32; 8] = [
-            n as u32,
-            1.0f32.to_bits(),
-            dims[0],
-            dims[1],
-            dims[2],
-            0,
-            0,
-            0,
-        ];
+        let mut params = [0u32; 8];
+        params[0] = n as u32;
+        params[1] = 1.0f32.to_bits();
+        for (p, d) in params[2..].iter_mut().zip(dims) {
+            *p = *d;
+        }
         let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("floats params"),
             contents: bytemuck::cast_slice(&params),

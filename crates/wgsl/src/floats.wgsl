@@ -28,9 +28,9 @@ struct Params {
     d0: u32,
     d1: u32,
     d2: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    d3: u32,
+    d4: u32,
+    d5: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;
@@ -331,6 +331,11 @@ fn mul32(a_bits: u32, b_bits: u32) -> u32 {
     return narrow(widen(a_bits) * widen(b_bits));
 }
 
+// The contract's dequantization of one accumulator (i32 bits): (f32(acc) * sa) * sb, DESIGN §3.5.
+fn dequant(acc: u32, sa: u32, sb: u32) -> u32 {
+    return mul32(mul32(narrow(f64(bitcast<i32>(acc))), sa), sb);
+}
+
 @compute @workgroup_size(256)
 fn div_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = start(gid, groups);
@@ -372,6 +377,8 @@ fn quantize_row(m: u32, y: u32, h: u32, q: u32, rw: u32, s: u32, li: u32) {
         workgroupBarrier();
     }
     let mb = wg_max[0];
+    // Every thread has read the max before any can start another row's reduction.
+    workgroupBarrier();
     let tiny = mb < 0x00800000u;
     var qinv = 0u;
     if !tiny {
@@ -416,7 +423,7 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let y0 = s0 + rows;
     let sa = B[t];
     for (var j = li; j < h; j = j + 256u) {
-        let c = mul32(mul32(narrow(f64(bitcast<i32>(A[q0 + row + j]))), sa), B[rows + j]);
+        let c = dequant(A[q0 + row + j], sa, B[rows + j]);
         O[row + j] = narrow(widen(A[row + j]) + widen(c));
     }
     storageBarrier();
@@ -537,7 +544,7 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     for (var j = li; j < n; j = j + 256u) {
         var v = 0u;
         if j >= lo && j < hi {
-            v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), sa), B[rows + j]), P.d1);
+            v = mul32(dequant(A[row + j], sa, B[rows + j]), P.d1);
             if widen(v) > widen(mx) {
                 mx = v;
             }
@@ -606,12 +613,134 @@ fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     let sa = B[t];
     var m = 0u;
     for (var j = li; j < n; j = j + 256u) {
-        let g = mul32(mul32(narrow(f64(bitcast<i32>(A[2u * t * n + j]))), sa), B[rows + j]);
-        let u = mul32(mul32(narrow(f64(bitcast<i32>(A[2u * t * n + n + j]))), sa), B[rows + n + j]);
+        let g = dequant(A[2u * t * n + j], sa, B[rows + j]);
+        let u = dequant(A[2u * t * n + n + j], sa, B[rows + n + j]);
         let e = narrow(exp_f64(-widen(g)));
         let a = mul32(div32(g, narrow(1.0lf + widen(e))), u);
         O[t * n + j] = a;
         m = max(m, a & 0x7fffffffu);
     }
     quantize_row(m, t * n, n, q0 + t * rw, rw, s0 + t, li);
+}
+
+// After the q/k/v product, one workgroup a token t (W = (H + 2G) * hd columns):
+//   c = (f32(acc) * sa) * sb (+ bias, where the model has one)
+//   RoPE on each query and key head: x1 * cos - x2 * sin, x2 * cos + x1 * sin (f32, from the
+//   CPU's cos/sin tables: `daisy_model::rope_cos_sin`)
+//   each query head's and key head's row of hd quantized on its own (the scores' A and B), the
+//   value heads kept as f32 for their transposed quantization over every key.
+// A: acc (T*W i32). B: sa (T) | sb (W) | bias (W) | cos (T*hd/2) | sin (T*hd/2).
+// d0 = H, d1 = G, d2 = hd, d3 = 1 with a bias, d4 = RW (words of a packed hd row).
+// O: Q's q ([h][t] rows, H*T*RW) | Q's scales (H*T) | K's q ([g][t], G*T*RW) | K's scales (G*T) |
+//    V ([g][t][hd] f32) | scratch (T*(H+G)*hd).
+@compute @workgroup_size(256)
+fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let heads = P.d0;
+    let kv = P.d1;
+    let hd = P.d2;
+    let rw = P.d4;
+    let half = hd / 2u;
+    let qk = (heads + kv) * hd;
+    let w = qk + kv * hd;
+    let t = wid.x;
+    let qs0 = heads * rows * rw;
+    let kq0 = qs0 + heads * rows;
+    let ks0 = kq0 + kv * rows * rw;
+    let v0 = ks0 + kv * rows;
+    let scr = v0 + kv * rows * hd + t * qk;
+    let sa = B[t];
+    for (var j = li; j < w; j = j + 256u) {
+        var c = dequant(A[t * w + j], sa, B[rows + j]);
+        if P.d3 == 1u {
+            c = narrow(widen(c) + widen(B[rows + w + j]));
+        }
+        if j < qk {
+            O[scr + j] = c;
+        } else {
+            let jj = j - qk;
+            O[v0 + ((jj / hd) * rows + t) * hd + jj % hd] = c;
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    let cos0 = rows + 2u * w + t * half;
+    let sin0 = rows + 2u * w + rows * half + t * half;
+    for (var idx = li; idx < (heads + kv) * half; idx = idx + 256u) {
+        let p = scr + (idx / half) * hd + idx % half;
+        let i = idx % half;
+        let x1 = O[p];
+        let x2 = O[p + half];
+        let c = B[cos0 + i];
+        let s = B[sin0 + i];
+        O[p] = narrow(widen(mul32(x1, c)) - widen(mul32(x2, s)));
+        O[p + half] = narrow(widen(mul32(x2, c)) + widen(mul32(x1, s)));
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var head = 0u; head < heads + kv; head = head + 1u) {
+        let p = scr + head * hd;
+        var m = 0u;
+        for (var j = li; j < hd; j = j + 256u) {
+            m = max(m, O[p + j] & 0x7fffffffu);
+        }
+        if head < heads {
+            quantize_row(m, p, hd, (head * rows + t) * rw, rw, qs0 + head * rows + t, li);
+        } else {
+            let g = head - heads;
+            quantize_row(m, p, hd, kq0 + (g * rows + t) * rw, rw, ks0 + g * rows + t, li);
+        }
+    }
+}
+
+// Vᵀ for the values' product: one row per kv head g and value channel c over the nk keys present,
+// quantized on its own. One workgroup a row r = g * hd + c.
+// A: V ([g][key][c] f32, G*nk*hd). d0 = nk, d1 = hd, d2 = RW (words of a packed nk row).
+// O: q (G*hd*RW) | scales (G*hd) | scratch (G*hd*nk).
+@compute @workgroup_size(256)
+fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let nk = P.d0;
+    let hd = P.d1;
+    let rw = P.d2;
+    let r = wid.x;
+    let g = r / hd;
+    let c = r % hd;
+    let scr = rows * rw + rows + r * nk;
+    var m = 0u;
+    for (var j = li; j < nk; j = j + 256u) {
+        let v = A[(g * nk + j) * hd + c];
+        O[scr + j] = v;
+        m = max(m, v & 0x7fffffffu);
+    }
+    quantize_row(m, scr, nk, r * rw, rw, rows * rw + r, li);
+}
+
+// The attention output for the o product, one workgroup a token t: head h's values product
+// dequantized, (f32(acc) * sa) * sb with sa the probability row's scale and sb the Vᵀ row's,
+// placed at columns h * hd.., and the row of H * hd quantized.
+// A: acc ([h][t][c] i32). B: sa ([h][t]) | sb ([g][c]). d0 = H, d1 = G, d2 = hd, d3 = RW.
+// O: out (T*H*hd f32) | q (T*RW) | scales (T).
+@compute @workgroup_size(256)
+fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    one = f64(bitcast<f32>(P.one_bits));
+    let rows = P.n;
+    let heads = P.d0;
+    let kv = P.d1;
+    let hd = P.d2;
+    let rw = P.d3;
+    let qd = heads * hd;
+    let group = heads / kv;
+    let t = wid.x;
+    var m = 0u;
+    for (var j = li; j < qd; j = j + 256u) {
+        let h = j / hd;
+        let c = j % hd;
+        let v = dequant(A[(h * rows + t) * hd + c], B[h * rows + t], B[heads * rows + (h / group) * hd + c]);
+        O[t * qd + j] = v;
+        m = max(m, v & 0x7fffffffu);
+    }
+    quantize_row(m, t * qd, qd, rows * qd + t * rw, rw, rows * qd + rows * rw + t, li);
 }

@@ -430,18 +430,12 @@ fn residual_norm_run(lab: &FloatLab, t: usize, h: usize, seed: u64) -> [usize; 3
             "residual_norm_quantize",
             t,
             2 * t * h + t * rw + t,
-            [h as u32, eps.to_bits(), rw as u32],
+            &[h as u32, eps.to_bits(), rw as u32],
             [&a, &b, &[]],
         )
         .unwrap();
     let x_diff = diff(&out[..t * h], &bits(&xs)).0;
-    let q_got: Vec<i8> = (0..t)
-        .flat_map(|r| {
-            let words = &out[t * h + r * rw..t * h + (r + 1) * rw];
-            (0..h).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
-        })
-        .collect();
-    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let q_diff = count_diff(&unpack(&out[t * h..t * h + t * rw], t, h, rw), q.q());
     let s_diff = diff(&out[t * h + t * rw..t * h + t * rw + t], &bits(q.scales())).0;
     [x_diff, q_diff, s_diff]
 }
@@ -457,28 +451,26 @@ fn residual_norm_and_quantization_equal_the_cpu() {
             "t {t}, h {h}: x', q, scales"
         );
     }
-    for (what, from, to) in [
-        (
-            "dequantization in one multiply",
-            "mul32(mul32(narrow(f64(bitcast<i32>(A[q0 + row + j]))), sa), B[rows + j])",
-            "narrow(f64(bitcast<i32>(A[q0 + row + j])) * widen(mul32(sa, B[rows + j])))",
-        ),
-        (
-            "RMSNorm's mean as a sum",
-            "let ms = div_rn(sum, f64(h));",
-            "let ms = sum;",
-        ),
-        (
-            "rounding by truncation",
-            "return i32(clamp(round(p), -127.0lf, 127.0lf));",
-            "return i32(clamp(trunc(p), -127.0lf, 127.0lf));",
-        ),
-    ] {
-        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
-        let counts = residual_norm_run(&lab, 40, 576, 23);
-        eprintln!("mutant '{what}': lanes differ (x', q, scales) {counts:?}");
-        assert!(counts.iter().sum::<usize>() > 0, "mutant '{what}' passed");
-    }
+    assert_mutants_caught(
+        &[
+            (
+                "dequantization in one multiply",
+                "return mul32(mul32(narrow(f64(bitcast<i32>(acc))), sa), sb);",
+                "return narrow(f64(bitcast<i32>(acc)) * widen(mul32(sa, sb)));",
+            ),
+            (
+                "RMSNorm's mean as a sum",
+                "let ms = div_rn(sum, f64(h));",
+                "let ms = sum;",
+            ),
+            (
+                "rounding by truncation",
+                "return i32(clamp(round(p), -127.0lf, 127.0lf));",
+                "return i32(clamp(trunc(p), -127.0lf, 127.0lf));",
+            ),
+        ],
+        |lab| residual_norm_run(lab, 40, 576, 23),
+    );
 }
 
 /// `scores_softmax_quantize` on `lab` against the CPU (`daisy_gemm_int8::dequantize`, the scale,
@@ -523,18 +515,12 @@ fn softmax_run(lab: &FloatLab, t: usize, n: usize, seed: u64) -> [usize; 3] {
             "scores_softmax_quantize",
             t,
             t * n + t * rw + t,
-            [n as u32, scale.to_bits(), rw as u32],
+            &[n as u32, scale.to_bits(), rw as u32],
             [&a, &b, &[]],
         )
         .unwrap();
     let p_diff = diff(&out[..t * n], &bits(&p)).0;
-    let q_got: Vec<i8> = (0..t)
-        .flat_map(|r| {
-            let words = &out[t * n + r * rw..t * n + (r + 1) * rw];
-            (0..n).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
-        })
-        .collect();
-    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let q_diff = count_diff(&unpack(&out[t * n..t * n + t * rw], t, n, rw), q.q());
     let s_diff = diff(&out[t * n + t * rw..], &bits(q.scales())).0;
     [p_diff, q_diff, s_diff]
 }
@@ -549,23 +535,21 @@ fn scores_softmax_and_quantization_equal_the_cpu() {
             "t {t}, n {n}: p, q, scales"
         );
     }
-    for (what, from, to) in [
-        (
-            "the sum in f32",
-            "sum = sum + widen(O[row + j]);",
-            "sum = widen(narrow(sum + widen(O[row + j])));",
-        ),
-        (
-            "the scale before the dequantization",
-            "v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), sa), B[rows + j]), P.d1);",
-            "v = mul32(mul32(mul32(narrow(f64(bitcast<i32>(A[row + j]))), P.d1), sa), B[rows + j]);",
-        ),
-    ] {
-        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
-        let counts = softmax_run(&lab, 16, 300, 37);
-        eprintln!("mutant '{what}': lanes differ (p, q, scales) {counts:?}");
-        assert!(counts.iter().sum::<usize>() > 0, "mutant '{what}' passed");
-    }
+    assert_mutants_caught(
+        &[
+            (
+                "the sum in f32",
+                "sum = sum + widen(O[row + j]);",
+                "sum = widen(narrow(sum + widen(O[row + j])));",
+            ),
+            (
+                "the scale before the dequantization",
+                "v = mul32(dequant(A[row + j], sa, B[rows + j]), P.d1);",
+                "v = dequant(A[row + j], mul32(sa, P.d1), B[rows + j]);",
+            ),
+        ],
+        |lab| softmax_run(lab, 16, 300, 37),
+    );
 }
 
 /// `gate_up_silu_quantize` on `lab` against the CPU (`daisy_gemm_int8::dequantize`,
@@ -593,18 +577,12 @@ fn silu_run(lab: &FloatLab, t: usize, i: usize, seed: u64) -> [usize; 3] {
             "gate_up_silu_quantize",
             t,
             t * i + t * rw + t,
-            [i as u32, 0, rw as u32],
+            &[i as u32, 0, rw as u32],
             [&a, &b, &[]],
         )
         .unwrap();
     let a_diff = diff(&out[..t * i], &bits(&act)).0;
-    let q_got: Vec<i8> = (0..t)
-        .flat_map(|r| {
-            let words = &out[t * i + r * rw..t * i + (r + 1) * rw];
-            (0..i).map(move |j| (words[j / 4] >> (8 * (j % 4))) as u8 as i8)
-        })
-        .collect();
-    let q_diff = q_got.iter().zip(q.q()).filter(|(g, w)| g != w).count();
+    let q_diff = count_diff(&unpack(&out[t * i..t * i + t * rw], t, i, rw), q.q());
     let s_diff = diff(&out[t * i + t * rw..], &bits(q.scales())).0;
     [a_diff, q_diff, s_diff]
 }
@@ -628,6 +606,237 @@ fn silu_and_quantization_equal_the_cpu() {
     let counts = silu_run(&lab, 20, 1536, 47);
     eprintln!("mutant 'SiLU as g * (1 / (1 + e))': lanes differ (a, q, scales) {counts:?}");
     assert!(counts.iter().sum::<usize>() > 0, "the SiLU mutant passed");
+}
+
+/// Packed rows (`rw` words each, four int8 a word) back to `rows × k` int8.
+fn unpack(words: &[u32], rows: usize, k: usize, rw: usize) -> Vec<i8> {
+    (0..rows)
+        .flat_map(|r| (0..k).map(move |j| (words[r * rw + j / 4] >> (8 * (j % 4))) as u8 as i8))
+        .collect()
+}
+
+fn count_diff<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).filter(|(x, y)| x != y).count()
+}
+
+/// The attention half's kernels on `lab` against the CPU for `t` tokens at `pos0`, `heads` query
+/// heads over `kv` kv heads of `hd`: `qkv_rope_quantize` (against `dequantize`, the bias,
+/// `apply_rope`, `quantize_rows` per head row), `values_transposed_quantize` (against Vᵀ quantized
+/// per channel) and `attention_out_quantize` (against the values products dequantized, placed by
+/// head, and quantized per token). Lanes that differ: [Q's q, Q's scales, K's q, K's scales, V,
+/// Vᵀ's q, Vᵀ's scales, out, out's q, out's scales].
+fn attention_half_run(
+    lab: &FloatLab,
+    (t, pos0, heads, kv, hd): (usize, usize, usize, usize, usize),
+    bias: bool,
+    seed: u64,
+) -> [usize; 10] {
+    let mut rng = Rng(seed);
+    let w = (heads + 2 * kv) * hd;
+    let acc: Vec<i32> = (0..t * w)
+        .map(|_| (rng.next() % (1 << 21)) as i32 - (1 << 20))
+        .collect();
+    let sa: Vec<f32> = (0..t).map(|_| rng.f32_in(-11, -7).abs()).collect();
+    let sb: Vec<f32> = (0..w).map(|_| rng.f32_in(-11, -7).abs()).collect();
+    let b: Vec<f32> = (0..w).map(|_| rng.f32_in(-6, 0)).collect();
+    let inv_freq = daisy_model::rope_inv_freq(1_000_000.0, hd);
+    let half = hd / 2;
+    let (mut cos, mut sin) = (vec![0f32; t * half], vec![0f32; t * half]);
+    for r in 0..t {
+        let (c, s) = (
+            &mut cos[r * half..(r + 1) * half],
+            &mut sin[r * half..(r + 1) * half],
+        );
+        daisy_model::rope_cos_sin(pos0 + r, &inv_freq, c, s);
+    }
+    // The CPU: dequantize, bias, split, rotate, quantize each head's rows.
+    let mut c = daisy_gemm_int8::dequantize(&acc, &sa, &sb).unwrap();
+    if bias {
+        for row in c.chunks_exact_mut(w) {
+            for (v, b) in row.iter_mut().zip(&b) {
+                *v += b;
+            }
+        }
+    }
+    let (qd, kvd) = (heads * hd, kv * hd);
+    let mut q: Vec<f32> = c.chunks_exact(w).flat_map(|r| r[..qd].to_vec()).collect();
+    let mut k: Vec<f32> = c
+        .chunks_exact(w)
+        .flat_map(|r| r[qd..qd + kvd].to_vec())
+        .collect();
+    let v: Vec<f32> = c
+        .chunks_exact(w)
+        .flat_map(|r| r[qd + kvd..].to_vec())
+        .collect();
+    daisy_model::apply_rope(&mut q, qd, hd, pos0, &inv_freq);
+    daisy_model::apply_rope(&mut k, kvd, hd, pos0, &inv_freq);
+    let by_head = |x: &[f32], n: usize| -> Vec<f32> {
+        (0..n)
+            .flat_map(|h| {
+                x.chunks_exact(n * hd)
+                    .flat_map(move |row| row[h * hd..(h + 1) * hd].to_vec())
+            })
+            .collect()
+    };
+    let (qh, kh, vh) = (by_head(&q, heads), by_head(&k, kv), by_head(&v, kv));
+    let qq = daisy_gemm_int8::quantize_rows(&qh, heads * t, hd).unwrap();
+    let kq = daisy_gemm_int8::quantize_rows(&kh, kv * t, hd).unwrap();
+
+    let rw = hd.div_ceil(64) * 16;
+    let a: Vec<u32> = acc.iter().map(|&x| x as u32).collect();
+    let inputs: Vec<u32> = [bits(&sa), bits(&sb), bits(&b), bits(&cos), bits(&sin)].concat();
+    let out_words = (heads + kv) * t * (rw + 1) + kv * t * hd + t * (heads + kv) * hd;
+    let out = lab
+        .run_rows(
+            "qkv_rope_quantize",
+            t,
+            out_words,
+            &[
+                heads as u32,
+                kv as u32,
+                hd as u32,
+                u32::from(bias),
+                rw as u32,
+            ],
+            [&a, &inputs, &[]],
+        )
+        .unwrap();
+    let (qw, rest) = out.split_at(heads * t * rw);
+    let (qs, rest) = rest.split_at(heads * t);
+    let (kw, rest) = rest.split_at(kv * t * rw);
+    let (ks, rest) = rest.split_at(kv * t);
+    let v_gpu = &rest[..kv * t * hd];
+    let mut counts = [
+        count_diff(&unpack(qw, heads * t, hd, rw), qq.q()),
+        count_diff(qs, &bits(qq.scales())),
+        count_diff(&unpack(kw, kv * t, hd, rw), kq.q()),
+        count_diff(ks, &bits(kq.scales())),
+        count_diff(v_gpu, &bits(&vh)),
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+
+    // Vᵀ over the keys present (here the t new ones), from the CPU's V.
+    let nk = t;
+    let mut vt = vec![0f32; kv * hd * nk];
+    for g in 0..kv {
+        for j in 0..nk {
+            for ch in 0..hd {
+                vt[(g * hd + ch) * nk + j] = vh[(g * nk + j) * hd + ch];
+            }
+        }
+    }
+    let vq = daisy_gemm_int8::quantize_rows(&vt, kv * hd, nk).unwrap();
+    let rwk = nk.div_ceil(64) * 16;
+    let out = lab
+        .run_rows(
+            "values_transposed_quantize",
+            kv * hd,
+            kv * hd * (rwk + 1 + nk),
+            &[nk as u32, hd as u32, rwk as u32],
+            [&bits(&vh), &[], &[]],
+        )
+        .unwrap();
+    counts[5] = count_diff(&unpack(&out, kv * hd, nk, rwk), vq.q());
+    counts[6] = count_diff(&out[kv * hd * rwk..kv * hd * (rwk + 1)], &bits(vq.scales()));
+
+    // The values products' accumulators ([h][t][c]) with their A and B scales, dequantized and
+    // placed by head on the CPU.
+    let pv: Vec<i32> = (0..heads * t * hd)
+        .map(|_| (rng.next() % (1 << 20)) as i32 - (1 << 19))
+        .collect();
+    let pa: Vec<f32> = (0..heads * t).map(|_| rng.f32_in(-9, -6).abs()).collect();
+    let vb: Vec<f32> = (0..kv * hd).map(|_| rng.f32_in(-9, -6).abs()).collect();
+    let group = heads / kv;
+    let mut att = vec![0f32; t * qd];
+    for h in 0..heads {
+        let g = h / group;
+        let o = daisy_gemm_int8::dequantize(
+            &pv[h * t * hd..(h + 1) * t * hd],
+            &pa[h * t..(h + 1) * t],
+            &vb[g * hd..(g + 1) * hd],
+        )
+        .unwrap();
+        for (r, row) in o.chunks_exact(hd).enumerate() {
+            att[r * qd + h * hd..r * qd + (h + 1) * hd].copy_from_slice(row);
+        }
+    }
+    let aq = daisy_gemm_int8::quantize_rows(&att, t, qd).unwrap();
+    let rwo = qd.div_ceil(64) * 16;
+    let pvw: Vec<u32> = pv.iter().map(|&x| x as u32).collect();
+    let out = lab
+        .run_rows(
+            "attention_out_quantize",
+            t,
+            t * (qd + rwo + 1),
+            &[heads as u32, kv as u32, hd as u32, rwo as u32],
+            [&pvw, &[bits(&pa), bits(&vb)].concat(), &[]],
+        )
+        .unwrap();
+    counts[7] = count_diff(&out[..t * qd], &bits(&att));
+    counts[8] = count_diff(&unpack(&out[t * qd..t * (qd + rwo)], t, qd, rwo), aq.q());
+    counts[9] = count_diff(&out[t * (qd + rwo)..], &bits(aq.scales()));
+    counts
+}
+
+#[test]
+fn attention_half_kernels_equal_the_cpu() {
+    let Some(lab) = lab() else { return };
+    // SmolLM2's heads (9 over 3 of 64, no bias), the 1.39 B model's (12 over 2 of 128, q/k/v
+    // bias), at the start of a prompt and further on (a cached chunk).
+    for (shape, bias, seed) in [
+        ((16, 0, 9, 3, 64), false, 59),
+        ((16, 597, 12, 2, 128), true, 61),
+        ((5, 40, 14, 2, 64), true, 67),
+    ] {
+        assert_eq!(
+            attention_half_run(lab, shape, bias, seed),
+            [0; 10],
+            "{shape:?}, bias {bias}"
+        );
+    }
+    assert_mutants_caught(
+        &[
+            (
+                "RoPE's rotation with the sign of sin flipped",
+                "O[p] = narrow(widen(mul32(x1, c)) - widen(mul32(x2, s)));",
+                "O[p] = narrow(widen(mul32(x1, c)) + widen(mul32(x2, s)));",
+            ),
+            (
+                "an extra rounding after the bias",
+                "c = narrow(widen(c) + widen(B[rows + w + j]));",
+                "c = mul32(narrow(widen(c) + widen(B[rows + w + j])), 0x3f800001u);",
+            ),
+            (
+                "a head's values scaled by another kv head's channels",
+                "B[heads * rows + (h / group) * hd + c]",
+                "B[heads * rows + (h % kv) * hd + c]",
+            ),
+            (
+                "Vᵀ read by key instead of channel",
+                "let v = A[(g * nk + j) * hd + c];",
+                "let v = A[(g * nk + c % nk) * hd + j % hd];",
+            ),
+        ],
+        |lab| attention_half_run(lab, (16, 0, 9, 3, 64), true, 59),
+    );
+}
+
+/// Each mutant `(what, from, to)` of the library must make `run` report a differing lane.
+fn assert_mutants_caught<const N: usize>(
+    mutants: &[(&str, &str, &str)],
+    run: impl Fn(&FloatLab) -> [usize; N],
+) {
+    for (what, from, to) in mutants {
+        let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
+        let counts = run(&lab);
+        eprintln!("mutant '{what}': lanes differ {counts:?}");
+        assert!(counts.iter().sum::<usize>() > 0, "mutant '{what}' passed");
+    }
 }
 
 /// The library with one change, for the mutation cases.
