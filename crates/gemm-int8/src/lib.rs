@@ -19,7 +19,7 @@ pub use packed::{PackedParts, PackedWeights, SharedBytes};
 pub use quant::{Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
-    reference_i32, seeded_matrix,
+    reference_i32, seeded_matrix, splitmix,
 };
 
 /// Let the GEMM's idle worker threads park now rather than spin for the next call (they spin a

@@ -61,8 +61,9 @@ pub fn reference_i32(a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), E
     Ok(())
 }
 
-/// SplitMix64: the seeded stream behind the audit's cells, the gates' and the probe's inputs.
-fn splitmix(state: &mut u64) -> u64 {
+/// SplitMix64: the seeded stream behind the audit's cells, the gates' and the probe's inputs (and
+/// the GPU backend's gates and tests): the same numbers on every machine.
+pub fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

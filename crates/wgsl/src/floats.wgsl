@@ -133,6 +133,20 @@ fn odd(q: f64, e: i32) -> bool {
     return fract(m) != 0.0lf;
 }
 
+// a - x * y exactly, where x * y lies within a factor 2 of a (a - hi by Sterbenz's lemma; the
+// remainder of a quotient or root within a few ulps is representable).
+fn remainder(a: f64, x: f64, y: f64) -> f64 {
+    let p = two_prod(x, y);
+    return g(a - p.hi) - p.lo;
+}
+
+// Half the gap from a positive q (exponent e) to its neighbour above (hi) and below (lo: half as
+// much at a power of two).
+fn half_gaps(q: f64, e: i32) -> Pair {
+    let h = pow2(e - 53);
+    return Pair(h, select(h, pow2(e - 54), q == pow2(e)));
+}
+
 // a / b correctly rounded (ties to even), a >= 0, b > 0, the quotient a normal f64.
 fn div_rn(a: f64, b: f64) -> f64 {
     if a == 0.0lf {
@@ -140,23 +154,18 @@ fn div_rn(a: f64, b: f64) -> f64 {
     }
     var q = a / b;
     // One Newton step on the remainder takes a guess that is many ulps off to within about one.
-    let qb0 = two_prod(q, b);
-    q = q + (g(a - qb0.hi) - qb0.lo) / b;
+    q = q + remainder(a, q, b) / b;
     for (var i = 0; i < 4; i = i + 1) {
-        // r = a - q * b, exactly (a - hi by Sterbenz's lemma; r is representable for a q within
-        // a few ulps of the quotient).
-        let qb = two_prod(q, b);
-        let r = g(a - qb.hi) - qb.lo;
+        // q is too small when a / b > q + h, i.e. r > h * b (a tie goes to the even neighbour).
+        let r = remainder(a, q, b);
         let e = exponent(q);
-        // Half the gap to q's neighbour above, and below (half as much at a power of two).
-        let h = pow2(e - 53);
-        let hd = select(h, pow2(e - 54), q == pow2(e));
-        let up = g(h * b);
-        let down = g(hd * b);
+        let gap = half_gaps(q, e);
+        let up = g(gap.hi * b);
+        let down = g(gap.lo * b);
         if r > up || (r == up && odd(q, e)) {
-            q = q + 2.0lf * h;
+            q = q + 2.0lf * gap.hi;
         } else if r < -down || (r == -down && odd(q, e)) {
-            q = q - 2.0lf * hd;
+            q = q - 2.0lf * gap.lo;
         } else {
             break;
         }
@@ -170,20 +179,16 @@ fn sqrt_rn(x: f64) -> f64 {
         return 0.0lf;
     }
     var s = sqrt(x);
-    let ss0 = two_prod(s, s);
-    s = s + (g(x - ss0.hi) - ss0.lo) / (2.0lf * s);
+    s = s + remainder(x, s, s) / (2.0lf * s);
     for (var i = 0; i < 4; i = i + 1) {
-        // r = x - s * s exactly; s is too small when x > (s + h)^2, i.e. r > 2 s h, and too large
-        // when x < (s - hd)^2, i.e. r <= -2 s hd (the h^2 terms are below r's ulp).
-        let ss = two_prod(s, s);
-        let r = g(x - ss.hi) - ss.lo;
-        let e = exponent(s);
-        let h = pow2(e - 53);
-        let hd = select(h, pow2(e - 54), s == pow2(e));
-        if r > g(s * (2.0lf * h)) {
-            s = s + 2.0lf * h;
-        } else if r <= -g(s * (2.0lf * hd)) {
-            s = s - 2.0lf * hd;
+        // s is too small when x > (s + h)^2, i.e. r > 2 s h, and too large when x < (s - hd)^2,
+        // i.e. r <= -2 s hd (the h^2 terms are below r's ulp).
+        let r = remainder(x, s, s);
+        let gap = half_gaps(s, exponent(s));
+        if r > g(s * (2.0lf * gap.hi)) {
+            s = s + 2.0lf * gap.hi;
+        } else if r <= -g(s * (2.0lf * gap.lo)) {
+            s = s - 2.0lf * gap.lo;
         } else {
             break;
         }
@@ -359,6 +364,20 @@ fn quantize1(v: u32, inv: u32) -> i32 {
     return i32(clamp(round(p), -127.0lf, 127.0lf));
 }
 
+// Where a row kernel's usual output lies in O, for rows of n values: the values (rows * n), the
+// packed rows (rows * rw words), the scales (rows); `end` is the first word after them.
+struct RowLayout {
+    q0: u32,
+    s0: u32,
+    end: u32,
+}
+
+fn row_layout(n: u32, rw: u32) -> RowLayout {
+    let q0 = P.n * n;
+    let s0 = q0 + P.n * rw;
+    return RowLayout(q0, s0, s0 + P.n);
+}
+
 var<workgroup> wg_inv: u32;
 var<workgroup> wg_max: array<u32, 256>;
 
@@ -418,12 +437,11 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let rw = P.d2;
     let t = wid.x;
     let row = t * h;
-    let q0 = rows * h;
-    let s0 = q0 + rows * rw;
-    let y0 = s0 + rows;
+    let out = row_layout(h, rw);
+    let y0 = out.end;
     let sa = B[t];
     for (var j = li; j < h; j = j + 256u) {
-        let c = dequant(A[q0 + row + j], sa, B[rows + j]);
+        let c = dequant(A[rows * h + row + j], sa, B[rows + j]);
         O[row + j] = narrow(widen(A[row + j]) + widen(c));
     }
     storageBarrier();
@@ -445,7 +463,7 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         O[y0 + row + j] = y;
         m = max(m, y & 0x7fffffffu);
     }
-    quantize_row(m, y0 + row, h, q0 + t * rw, rw, s0 + t, li);
+    quantize_row(m, y0 + row, h, out.q0 + t * rw, rw, out.s0 + t, li);
 }
 
 // RMSNorm's scale of a row, f32(1 / sqrt(ms + eps)) in f64, from ms's f64 words and eps's f32 bits.
@@ -535,8 +553,7 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
     let rw = P.d2;
     let t = wid.x;
     let row = t * n;
-    let q0 = rows * n;
-    let s0 = q0 + rows * rw;
+    let out = row_layout(n, rw);
     let sa = B[t];
     let lo = B[rows + n + t];
     let hi = min(B[rows + n + rows + t], n);
@@ -593,7 +610,7 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local
             m = max(m, p & 0x7fffffffu);
         }
     }
-    quantize_row(m, row, n, q0 + t * rw, rw, s0 + t, li);
+    quantize_row(m, row, n, out.q0 + t * rw, rw, out.s0 + t, li);
 }
 
 // The MLP's activation after the gate/up product, one workgroup a row t:
@@ -608,8 +625,7 @@ fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     let n = P.d0;
     let rw = P.d2;
     let t = wid.x;
-    let q0 = rows * n;
-    let s0 = q0 + rows * rw;
+    let out = row_layout(n, rw);
     let sa = B[t];
     var m = 0u;
     for (var j = li; j < n; j = j + 256u) {
@@ -620,7 +636,7 @@ fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
         O[t * n + j] = a;
         m = max(m, a & 0x7fffffffu);
     }
-    quantize_row(m, t * n, n, q0 + t * rw, rw, s0 + t, li);
+    quantize_row(m, t * n, n, out.q0 + t * rw, rw, out.s0 + t, li);
 }
 
 // After the q/k/v product, one workgroup a token t (W = (H + 2G) * hd columns):
@@ -742,5 +758,6 @@ fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         O[t * qd + j] = v;
         m = max(m, v & 0x7fffffffu);
     }
-    quantize_row(m, t * qd, qd, rows * qd + t * rw, rw, rows * qd + rows * rw + t, li);
+    let out = row_layout(qd, rw);
+    quantize_row(m, t * qd, qd, out.q0 + t * rw, rw, out.s0 + t, li);
 }

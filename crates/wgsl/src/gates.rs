@@ -5,7 +5,7 @@
 use crate::backend::{GpuBackend, MAX_K};
 use crate::error::{Error, Result};
 
-/// SplitMix64: a fixed, portable stream for gate data.
+/// `daisy_gemm_int8::splitmix` as a stream for gate data.
 pub(crate) struct SplitMix(u64);
 
 impl SplitMix {
@@ -14,11 +14,7 @@ impl SplitMix {
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        daisy_gemm_int8::splitmix(&mut self.0)
     }
 
     /// A value in -127..=127, the range quantization produces.

@@ -34,16 +34,12 @@ fn lab() -> Option<&'static FloatLab> {
     .as_ref()
 }
 
-/// SplitMix64.
+/// The project's seeded stream (`daisy_gemm_int8::splitmix`), with the draws these tests need.
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        daisy_gemm_int8::splitmix(&mut self.0)
     }
 
     /// An f32 of magnitude in [2^lo, 2^hi), random sign and mantissa.
@@ -385,8 +381,8 @@ fn division_and_square_root_are_correctly_rounded() {
     // ...and without the correction, it shows.
     let uncorrected = sloppy
         .replace("for (var i = 0; i < 4;", "for (var i = 0; i < 0;")
-        .replacen("q = q + (g(a - qb0.hi) - qb0.lo) / b;", "", 1)
-        .replacen("s = s + (g(x - ss0.hi) - ss0.lo) / (2.0lf * s);", "", 1);
+        .replacen("q = q + remainder(a, q, b) / b;", "", 1)
+        .replacen("s = s + remainder(x, s, s) / (2.0lf * s);", "", 1);
     let lab = FloatLab::with_source(&uncorrected).unwrap();
     let counts = division_run(&lab);
     eprintln!("mutant 'sloppy guess, no correction': lanes differ {counts:?}");
