@@ -139,7 +139,27 @@ pub fn load_stage(
     stage
         .keep_resident()
         .context(|| format!("stage {index}: weights onto {}", backend.name()))?;
+    run_layers_on_device(&mut stage, backend)
+        .context(|| format!("stage {index}: layers onto {}", backend.name()))?;
     Ok(stage)
+}
+
+/// A stage whose products run on a GPU runs its layers whole there (residual stream and KV cache
+/// in device memory, the CPU's bits) where it can: Llama-family layers at int8, resident, on a
+/// device with 64-bit floats in shaders. `DAISY_GPU_LAYERS=0` keeps one round trip per product.
+fn run_layers_on_device(stage: &mut Stage, backend: &Arc<dyn Backend>) -> Result<()> {
+    let wanted = std::env::var("DAISY_GPU_LAYERS").map_or(true, |v| v != "0");
+    let fits = stage.precision() == Precision::Int8
+        && stage.config().arch == daisy_loader::Arch::Llama
+        && !stage.is_streamed()
+        && !stage.layers().is_empty();
+    if !wanted || !fits {
+        return Ok(());
+    }
+    if let Some(layers) = daisy_wgsl::GpuLayers::new(backend.clone())? {
+        stage.set_device(Arc::new(layers))?;
+    }
+    Ok(())
 }
 
 /// Load every stage of `plan` with `backend`.

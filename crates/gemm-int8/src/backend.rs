@@ -97,6 +97,12 @@ pub trait Backend: Send + Sync {
     fn profile(&self) -> Option<String> {
         None
     }
+
+    /// The backend as its own type, where a caller may do more with it than products (a GPU
+    /// backend runs whole layers); `None` by default.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// Check that A, B and the output agree in shape.

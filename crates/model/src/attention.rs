@@ -79,6 +79,11 @@ pub(crate) struct Heads {
     pub(crate) window: Option<usize>,
 }
 
+/// The scores' scale: `transformers` scales by the f32 rounding of head_dim^-0.5 computed in f64.
+pub(crate) fn score_scale(head_dim: usize) -> f32 {
+    libm::pow(head_dim as f64, -0.5) as f32
+}
+
 /// Attention of `t` query rows at positions `pos0..pos0+t`.
 ///
 /// `q` is `t × num_heads·head_dim`, `k` and `v` are `t × num_kv_heads·head_dim`. Without a cache the
@@ -158,8 +163,7 @@ pub(crate) fn attention(
     cache.len += t;
     let nk = cache.len;
     let cache = &*cache;
-    // `transformers` scales by the f32 rounding of head_dim^-0.5 computed in f64.
-    let scale = libm::pow(hd as f64, -0.5) as f32;
+    let scale = score_scale(hd);
     let group = num_heads / num_kv_heads;
     let rows = group * t;
     // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.

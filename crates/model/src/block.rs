@@ -7,6 +7,7 @@
 //! row and one per weight row), so fusing changes no bit.
 
 use crate::attention::{Heads, LayerCache, attention};
+use crate::device::{DeviceKv, LlamaLayer};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, gelu_new, layer_norm, rms_norm, silu};
 use crate::shard::{Put, Take};
@@ -171,6 +172,24 @@ impl Block {
         };
         take.done()?;
         Ok(block)
+    }
+
+    /// The layer as a device runs it: Llama-family at int8 only.
+    pub(crate) fn llama(&self, cfg: &ModelConfig) -> Option<LlamaLayer<'_>> {
+        let Block::Llama(b) = self else {
+            return None;
+        };
+        Some(LlamaLayer {
+            index: b.index,
+            input_norm: &b.input_norm,
+            qkv: b.qkv.int8()?,
+            qkv_bias: b.qkv.bias(),
+            o: b.o.int8()?,
+            post_norm: &b.post_norm,
+            gate_up: b.gate_up.int8()?,
+            down: b.down.int8()?,
+            window: cfg.sliding_window[b.index],
+        })
     }
 
     /// The layer's index in the model.
@@ -426,16 +445,21 @@ impl Gpt2Block {
     }
 }
 
-/// The per-layer caches of one stage, for the cached path.
-#[derive(Clone, Debug, Default)]
+/// The per-layer caches of one stage, for the cached path: in host memory, or in the memory of
+/// the device that runs the stage's layers.
+#[derive(Debug, Default)]
 pub struct StageCache {
     pub(crate) layers: Vec<LayerCache>,
+    pub(crate) device: Option<Box<dyn DeviceKv>>,
 }
 
 impl StageCache {
     /// Positions held (every layer holds the same).
     pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, LayerCache::len)
+        match &self.device {
+            Some(d) => d.len(),
+            None => self.layers.first().map_or(0, LayerCache::len),
+        }
     }
 
     /// Whether no position is held.
@@ -446,6 +470,9 @@ impl StageCache {
     /// Keep the first `len` positions of every layer; the rows of a GEMM's keys and values are
     /// independent, so what is kept is exactly what those positions' passes wrote.
     pub fn truncate(&mut self, len: usize) {
+        if let Some(d) = &mut self.device {
+            d.truncate(len);
+        }
         for l in &mut self.layers {
             l.truncate(len);
         }

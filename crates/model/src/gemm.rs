@@ -303,6 +303,19 @@ impl Linear {
         Ok(Self { weight, n, k, bias })
     }
 
+    /// The weight at int8 (one plane), if it is held so.
+    pub(crate) fn int8(&self) -> Option<&PackedWeights> {
+        match &self.weight {
+            Weight::Int8(p) => Some(p),
+            Weight::F32(_) | Weight::Int8x2(_) => None,
+        }
+    }
+
+    /// The bias, if the product has one.
+    pub(crate) fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
     /// The int8 planes of the weight (none at f32).
     pub(crate) fn planes(&self) -> Vec<&PackedWeights> {
         match &self.weight {

@@ -10,6 +10,7 @@
 mod attention;
 mod block;
 mod checkpoint;
+mod device;
 mod error;
 mod exp;
 mod gemm;
@@ -22,6 +23,7 @@ mod source;
 mod stage;
 
 pub use block::StageCache;
+pub use device::{DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
 pub use error::{Error, Result};
 pub use exp::exp;
 pub use gemm::Precision;

@@ -9,6 +9,7 @@ use daisy_gemm_int8::{Backend, CpuBackend};
 
 use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
+use crate::device::{DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
 use crate::gemm::{Ctx, Linear, Precision};
 use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
 use crate::shard::{Shard, ShardKey, ShardWriter, Streamed};
@@ -40,6 +41,8 @@ pub struct Stage {
     inv_freq: Vec<f32>,
     fingerprint: [u8; 32],
     backend: Arc<dyn Backend>,
+    /// The device that runs the layers whole, when one was set.
+    device: Option<Arc<dyn DeviceLayers>>,
 }
 
 impl Stage {
@@ -79,6 +82,7 @@ impl Stage {
             inv_freq: rope_inv_freq(cfg.rope_theta, cfg.head_dim),
             fingerprint: src.fingerprint(),
             backend: Arc::new(CpuBackend::new()),
+            device: None,
         })
     }
 
@@ -215,6 +219,33 @@ impl Stage {
         Ok(())
     }
 
+    /// Run the layers on `device` whole (residual stream and KV cache in its memory). Only a
+    /// Llama-family stage at int8 whose layers are resident can; anything else is refused by name
+    /// and keeps its per-product path.
+    pub fn set_device(&mut self, device: Arc<dyn DeviceLayers>) -> Result<()> {
+        if self.streamed.is_some() {
+            return Err(Error::Invalid(format!(
+                "{} runs resident layers; these stream from a shard",
+                device.name()
+            )));
+        }
+        if self.precision != Precision::Int8 || self.cfg.arch != Arch::Llama {
+            return Err(Error::Invalid(format!(
+                "{} runs Llama-family layers at int8; this stage is {:?} at {}",
+                device.name(),
+                self.cfg.arch,
+                self.precision.name()
+            )));
+        }
+        self.device = Some(device);
+        Ok(())
+    }
+
+    /// The device that runs the layers whole, if one was set.
+    pub fn device(&self) -> Option<&dyn DeviceLayers> {
+        self.device.as_deref()
+    }
+
     /// The backend int8 products run on.
     pub fn backend(&self) -> &dyn Backend {
         &*self.backend
@@ -263,9 +294,65 @@ impl Stage {
 
     /// An empty KV cache for the cached path.
     pub fn new_cache(&self) -> StageCache {
-        StageCache {
-            layers: vec![LayerCache::default(); self.layers.len()],
+        match &self.device {
+            Some(d) => StageCache {
+                layers: Vec::new(),
+                device: Some(d.new_kv(self.layers.len())),
+            },
+            None => StageCache {
+                layers: vec![LayerCache::default(); self.layers.len()],
+                device: None,
+            },
         }
+    }
+
+    /// The layers over the device: every layer's hash checked (mapped shards) and its tensors lent.
+    fn forward_device(
+        &self,
+        device: &dyn DeviceLayers,
+        x: &mut [f32],
+        rows: usize,
+        pos0: usize,
+        cache: Option<&mut StageCache>,
+    ) -> Result<()> {
+        let layers = self
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                self.check_mapped(i)?;
+                b.llama(&self.cfg).ok_or_else(|| {
+                    Error::Invalid(format!("layer {} is not a Llama layer at int8", b.index()))
+                })
+            })
+            .collect::<Result<Vec<LlamaLayer<'_>>>>()?;
+        let cfg = &self.cfg;
+        let shape = LayerShape {
+            hidden: cfg.hidden_size,
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            intermediate: cfg.intermediate_size,
+            eps: cfg.norm_eps,
+            attn_scale: crate::attention::score_scale(cfg.head_dim),
+        };
+        let kv = match cache {
+            None => None,
+            Some(c) => {
+                if c.device.is_none() {
+                    if c.layers.iter().any(|l| l.len() > 0) {
+                        return Err(Error::Invalid(format!(
+                            "a KV cache in host memory for a stage that runs on {}",
+                            device.name()
+                        )));
+                    }
+                    c.layers.clear();
+                    c.device = Some(device.new_kv(self.blocks.len()));
+                }
+                c.device.as_mut().map(|d| &mut **d as &mut dyn DeviceKv)
+            }
+        };
+        device.forward(&shape, &layers, &self.inv_freq, x, rows, pos0, kv)
     }
 
     /// The embedded rows of `ids` at positions `pos0..` (head only).
@@ -338,8 +425,16 @@ impl Stage {
         if let Some(streamed) = &self.streamed {
             return self.forward_streamed(streamed, x, rows, pos0, cache);
         }
+        if let Some(device) = &self.device {
+            return self.forward_device(&**device, x, rows, pos0, cache);
+        }
         match cache {
             Some(cache) => {
+                if cache.device.is_some() {
+                    return Err(Error::Invalid(
+                        "a KV cache in a device's memory for a stage that runs on the host".into(),
+                    ));
+                }
                 if cache.layers.len() != self.blocks.len() {
                     return Err(Error::Invalid(format!(
                         "cache of {} layers for a stage of {}",

@@ -27,6 +27,8 @@ fn next_id() -> u64 {
 pub struct GpuBackend {
     gpu: Gpu,
     pipeline: Pipeline,
+    /// The kernel's WGSL (a device-resident stage builds its own pipelines from it).
+    source: String,
     kernel_name: &'static str,
     id: u64,
     scratch: Mutex<Scratch>,
@@ -141,6 +143,7 @@ impl GpuBackend {
             kernel_name: kernel.name(gpu.packed_dot),
             gpu,
             pipeline,
+            source,
             id: next_id(),
             scratch: Mutex::new(Scratch::default()),
             cache: Mutex::new(HashMap::new()),
@@ -152,6 +155,24 @@ impl GpuBackend {
                 .unwrap_or(CPU_BELOW_MACS),
             tuning: Tuning::default(),
         })
+    }
+
+    pub(crate) fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    pub(crate) fn profile_add(
+        &self,
+        jobs: usize,
+        gemv: usize,
+        bytes: (u64, u64),
+        times: [std::time::Duration; 4],
+    ) {
+        self.profile.add(jobs, gemv, bytes.0, bytes.1, times);
+    }
+
+    pub(crate) fn kernel_source(&self) -> &str {
+        &self.source
     }
 
     /// Sets the rows of A up to which the `gemv` entry point runs instead of `tiled` (clamped to
@@ -548,6 +569,10 @@ impl Backend for GpuBackend {
 
     fn profile(&self) -> Option<String> {
         Some(GpuBackend::profile(self).to_string())
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn gemm_i32(

@@ -13,8 +13,10 @@ use std::sync::Mutex;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 
-/// The WGSL library (the `EXP_*` constants are prepended by [`source`]).
+/// The WGSL library (the `EXP_*` constants are prepended by [`library_source`]).
 pub const FLOATS_WGSL: &str = include_str!("floats.wgsl");
+/// `FloatLab`'s bindings and entry points over the library.
+const LAB_WGSL: &str = include_str!("lab.wgsl");
 
 /// Threads per workgroup of every entry point (`@workgroup_size` in `floats.wgsl`).
 const GROUP: usize = 256;
@@ -51,9 +53,14 @@ fn exp_constants() -> String {
     out
 }
 
-/// The complete WGSL module around `body` (the library, or a test's mutant of it).
+/// The library with its constants: what every module of float work starts with.
+pub(crate) fn library_source() -> String {
+    format!("{}\n{FLOATS_WGSL}", exp_constants())
+}
+
+/// `FloatLab`'s module over `body` (the library, or a test's mutant of it).
 fn source(body: &str) -> String {
-    format!("{}\n{body}", exp_constants())
+    format!("{}\n{body}\n{LAB_WGSL}", exp_constants())
 }
 
 /// An open device with `SHADER_F64` and the float library's pipelines (built on first use).

@@ -25,6 +25,12 @@ struct Dims {
     k16: u32,
     // `tiled`: K stages per workgroup along z (split K); the slices' sums meet by atomic adds.
     stages: u32,
+    // Where the operands start in their bindings: A's and B's first vec4 word, the first output
+    // word (a device-resident stage binds whole buffers; a single product binds its own ranges).
+    a0: u32,
+    b0: u32,
+    c0: u32,
+    pad: u32,
 }
 
 const TILE: u32 = 128u;     // output rows and columns per `tiled` workgroup
@@ -47,14 +53,14 @@ var<workgroup> sb: array<vec4<u32>, 512>;
 // The vec4 word `kv` of row `row` of A (of B), or zero past the last row.
 fn load_a(row: u32, kv: u32) -> vec4<u32> {
     if (row < dims.t) {
-        return a[row * dims.k16 + kv];
+        return a[dims.a0 + row * dims.k16 + kv];
     }
     return vec4<u32>(0u);
 }
 
 fn load_b(row: u32, kv: u32) -> vec4<u32> {
     if (row < dims.n) {
-        return b[row * dims.k16 + kv];
+        return b[dims.b0 + row * dims.k16 + kv];
     }
     return vec4<u32>(0u);
 }
@@ -106,9 +112,9 @@ fn store_row(row: u32, col: u32, lo: vec4<i32>, hi: vec4<i32>, add: bool) {
 
 fn put(i: u32, v: i32, add: bool) {
     if (add) {
-        atomicAdd(&out[i], v);
+        atomicAdd(&out[dims.c0 + i], v);
     } else {
-        atomicStore(&out[i], v);
+        atomicStore(&out[dims.c0 + i], v);
     }
 }
 
@@ -227,7 +233,8 @@ fn gemv(
     var s2 = vec4<i32>(0);
     var s3 = vec4<i32>(0);
     if (col < dims.n) {
-        let base = col * dims.k16;
+        let base = dims.b0 + col * dims.k16;
+        let a0 = dims.a0;
         let kend = dims.k16;
         // Two words of B a lane per step, both loads issued before either is used.
         for (var q = lane; q < kend; q += 2u * LANES) {
@@ -237,39 +244,39 @@ fn gemv(
             if (q1 < kend) {
                 w1 = b[base + q1];
             }
-            s0.x += dot16(a[q], w0);
-            if (dims.t > 1u) { s0.y += dot16(a[1u * dims.k16 + q], w0); }
-            if (dims.t > 2u) { s0.z += dot16(a[2u * dims.k16 + q], w0); }
-            if (dims.t > 3u) { s0.w += dot16(a[3u * dims.k16 + q], w0); }
-            if (dims.t > 4u) { s1.x += dot16(a[4u * dims.k16 + q], w0); }
-            if (dims.t > 5u) { s1.y += dot16(a[5u * dims.k16 + q], w0); }
-            if (dims.t > 6u) { s1.z += dot16(a[6u * dims.k16 + q], w0); }
-            if (dims.t > 7u) { s1.w += dot16(a[7u * dims.k16 + q], w0); }
-            if (dims.t > 8u) { s2.x += dot16(a[8u * dims.k16 + q], w0); }
-            if (dims.t > 9u) { s2.y += dot16(a[9u * dims.k16 + q], w0); }
-            if (dims.t > 10u) { s2.z += dot16(a[10u * dims.k16 + q], w0); }
-            if (dims.t > 11u) { s2.w += dot16(a[11u * dims.k16 + q], w0); }
-            if (dims.t > 12u) { s3.x += dot16(a[12u * dims.k16 + q], w0); }
-            if (dims.t > 13u) { s3.y += dot16(a[13u * dims.k16 + q], w0); }
-            if (dims.t > 14u) { s3.z += dot16(a[14u * dims.k16 + q], w0); }
-            if (dims.t > 15u) { s3.w += dot16(a[15u * dims.k16 + q], w0); }
+            s0.x += dot16(a[a0 + q], w0);
+            if (dims.t > 1u) { s0.y += dot16(a[a0 + 1u * dims.k16 + q], w0); }
+            if (dims.t > 2u) { s0.z += dot16(a[a0 + 2u * dims.k16 + q], w0); }
+            if (dims.t > 3u) { s0.w += dot16(a[a0 + 3u * dims.k16 + q], w0); }
+            if (dims.t > 4u) { s1.x += dot16(a[a0 + 4u * dims.k16 + q], w0); }
+            if (dims.t > 5u) { s1.y += dot16(a[a0 + 5u * dims.k16 + q], w0); }
+            if (dims.t > 6u) { s1.z += dot16(a[a0 + 6u * dims.k16 + q], w0); }
+            if (dims.t > 7u) { s1.w += dot16(a[a0 + 7u * dims.k16 + q], w0); }
+            if (dims.t > 8u) { s2.x += dot16(a[a0 + 8u * dims.k16 + q], w0); }
+            if (dims.t > 9u) { s2.y += dot16(a[a0 + 9u * dims.k16 + q], w0); }
+            if (dims.t > 10u) { s2.z += dot16(a[a0 + 10u * dims.k16 + q], w0); }
+            if (dims.t > 11u) { s2.w += dot16(a[a0 + 11u * dims.k16 + q], w0); }
+            if (dims.t > 12u) { s3.x += dot16(a[a0 + 12u * dims.k16 + q], w0); }
+            if (dims.t > 13u) { s3.y += dot16(a[a0 + 13u * dims.k16 + q], w0); }
+            if (dims.t > 14u) { s3.z += dot16(a[a0 + 14u * dims.k16 + q], w0); }
+            if (dims.t > 15u) { s3.w += dot16(a[a0 + 15u * dims.k16 + q], w0); }
             if (q1 < kend) {
-                s0.x += dot16(a[q1], w1);
-                if (dims.t > 1u) { s0.y += dot16(a[1u * dims.k16 + q1], w1); }
-                if (dims.t > 2u) { s0.z += dot16(a[2u * dims.k16 + q1], w1); }
-                if (dims.t > 3u) { s0.w += dot16(a[3u * dims.k16 + q1], w1); }
-                if (dims.t > 4u) { s1.x += dot16(a[4u * dims.k16 + q1], w1); }
-                if (dims.t > 5u) { s1.y += dot16(a[5u * dims.k16 + q1], w1); }
-                if (dims.t > 6u) { s1.z += dot16(a[6u * dims.k16 + q1], w1); }
-                if (dims.t > 7u) { s1.w += dot16(a[7u * dims.k16 + q1], w1); }
-                if (dims.t > 8u) { s2.x += dot16(a[8u * dims.k16 + q1], w1); }
-                if (dims.t > 9u) { s2.y += dot16(a[9u * dims.k16 + q1], w1); }
-                if (dims.t > 10u) { s2.z += dot16(a[10u * dims.k16 + q1], w1); }
-                if (dims.t > 11u) { s2.w += dot16(a[11u * dims.k16 + q1], w1); }
-                if (dims.t > 12u) { s3.x += dot16(a[12u * dims.k16 + q1], w1); }
-                if (dims.t > 13u) { s3.y += dot16(a[13u * dims.k16 + q1], w1); }
-                if (dims.t > 14u) { s3.z += dot16(a[14u * dims.k16 + q1], w1); }
-                if (dims.t > 15u) { s3.w += dot16(a[15u * dims.k16 + q1], w1); }
+                s0.x += dot16(a[a0 + q1], w1);
+                if (dims.t > 1u) { s0.y += dot16(a[a0 + 1u * dims.k16 + q1], w1); }
+                if (dims.t > 2u) { s0.z += dot16(a[a0 + 2u * dims.k16 + q1], w1); }
+                if (dims.t > 3u) { s0.w += dot16(a[a0 + 3u * dims.k16 + q1], w1); }
+                if (dims.t > 4u) { s1.x += dot16(a[a0 + 4u * dims.k16 + q1], w1); }
+                if (dims.t > 5u) { s1.y += dot16(a[a0 + 5u * dims.k16 + q1], w1); }
+                if (dims.t > 6u) { s1.z += dot16(a[a0 + 6u * dims.k16 + q1], w1); }
+                if (dims.t > 7u) { s1.w += dot16(a[a0 + 7u * dims.k16 + q1], w1); }
+                if (dims.t > 8u) { s2.x += dot16(a[a0 + 8u * dims.k16 + q1], w1); }
+                if (dims.t > 9u) { s2.y += dot16(a[a0 + 9u * dims.k16 + q1], w1); }
+                if (dims.t > 10u) { s2.z += dot16(a[a0 + 10u * dims.k16 + q1], w1); }
+                if (dims.t > 11u) { s2.w += dot16(a[a0 + 11u * dims.k16 + q1], w1); }
+                if (dims.t > 12u) { s3.x += dot16(a[a0 + 12u * dims.k16 + q1], w1); }
+                if (dims.t > 13u) { s3.y += dot16(a[a0 + 13u * dims.k16 + q1], w1); }
+                if (dims.t > 14u) { s3.z += dot16(a[a0 + 14u * dims.k16 + q1], w1); }
+                if (dims.t > 15u) { s3.w += dot16(a[a0 + 15u * dims.k16 + q1], w1); }
             }
         }
     }
@@ -297,6 +304,6 @@ fn gemv(
         for (var i = 0u; i < LANES; i++) {
             sum += partial[start + i];
         }
-        atomicStore(&out[lane * dims.n + col], sum);
+        atomicStore(&out[dims.c0 + lane * dims.n + col], sum);
     }
 }

@@ -85,7 +85,18 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
 }
 
 impl Pipeline {
+    /// The kernel's pipelines with `Dims` at a fixed binding (one product binds its own ranges).
     pub(crate) fn new(gpu: &Gpu, source: &str) -> Result<Pipeline> {
+        Pipeline::build(gpu, source, false)
+    }
+
+    /// The kernel's pipelines with `Dims` at a dynamic offset into one uniform buffer of every
+    /// dispatch's dims (a device-resident stage binds whole buffers and places operands by `Dims`).
+    pub(crate) fn with_dynamic_dims(gpu: &Gpu, source: &str) -> Result<Pipeline> {
+        Pipeline::build(gpu, source, true)
+    }
+
+    fn build(gpu: &Gpu, source: &str, dynamic: bool) -> Result<Pipeline> {
         let device = &gpu.device;
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("gemm-int8"),
@@ -99,7 +110,7 @@ impl Pipeline {
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
                         ty: wgpu::BufferBindingType::Uniform,
-                        has_dynamic_offset: false,
+                        has_dynamic_offset: dynamic,
                         min_binding_size: None,
                     },
                     count: None,
@@ -283,6 +294,9 @@ struct Placed {
     out_bytes: u64,
 }
 
+/// Bytes of the kernel's `Dims` uniform.
+pub(crate) const DIMS_BYTES: u64 = 32;
+
 /// Offsets in a buffer shared by several bindings: WebGPU's largest offset alignment.
 const OFFSET_ALIGN: u64 = 256;
 
@@ -328,8 +342,17 @@ fn prepare(
         .map(|(job, p)| {
             let stride = row_bytes(job.k);
             let n = job.rhs.n();
-            let (_, stages) = split_k(job.t, n, job.k, tuning);
-            let dims = [job.t as u32, n as u32, (stride / 16) as u32, stages as u32];
+            let stages = Grid::new(job.t, n, job.k, tuning).stages;
+            let dims = [
+                job.t as u32,
+                n as u32,
+                (stride / 16) as u32,
+                stages,
+                0,
+                0,
+                0,
+                0,
+            ];
             gpu.queue
                 .write_buffer(&bufs.dims, p.dims, bytemuck::cast_slice(&dims));
             gpu.queue.write_buffer(&bufs.a, p.a, job.a_packed);
@@ -344,7 +367,7 @@ fn prepare(
                 label: Some("gemm-int8"),
                 layout: &pipeline.layout,
                 entries: &[
-                    binding(0, &bufs.dims, p.dims, 16),
+                    binding(0, &bufs.dims, p.dims, DIMS_BYTES),
                     binding(1, &bufs.a, p.a, job.a_packed.len() as u64),
                     binding(2, b, b_offset, b_bytes),
                     binding(3, &bufs.out, p.out, p.out_bytes),
@@ -402,6 +425,52 @@ fn uses_gemv(t: usize, tuning: Tuning) -> bool {
     t <= tuning.gemv_rows.min(GEMV_MAX_T)
 }
 
+/// How one product is dispatched: the entry point, the workgroup grid and K stages per slice.
+pub(crate) struct Grid {
+    pub(crate) gemv: bool,
+    pub(crate) groups: (u32, u32, u32),
+    pub(crate) stages: u32,
+}
+
+impl Grid {
+    pub(crate) fn new(t: usize, n: usize, k: usize, tuning: Tuning) -> Grid {
+        if uses_gemv(t, tuning) {
+            let (x, y) = fold(n.div_ceil(GEMV_COLS));
+            return Grid {
+                gemv: true,
+                groups: (x, y, 1),
+                stages: 1,
+            };
+        }
+        let (slices, stages) = split_k(t, n, k, tuning);
+        Grid {
+            gemv: false,
+            groups: (
+                n.div_ceil(TILE) as u32,
+                t.div_ceil(TILE) as u32,
+                slices as u32,
+            ),
+            stages: stages as u32,
+        }
+    }
+
+    /// Whether its slices add into the output, which must then start at zero.
+    pub(crate) fn adds(&self) -> bool {
+        self.groups.2 > 1
+    }
+
+    pub(crate) fn entry<'p>(&self, pipeline: &'p Pipeline) -> &'p wgpu::ComputePipeline {
+        match self.gemv {
+            true => &pipeline.gemv,
+            false => &pipeline.tiled,
+        }
+    }
+
+    pub(crate) fn layout(pipeline: &Pipeline) -> &wgpu::BindGroupLayout {
+        &pipeline.layout
+    }
+}
+
 /// Records `reps` dispatches of one GEMM (`gemv` up to `tuning.gemv_rows` rows of A) into a pass.
 #[allow(clippy::too_many_arguments)]
 fn record(
@@ -415,16 +484,9 @@ fn record(
     reps: usize,
 ) {
     pass.set_bind_group(0, bind_group, &[]);
-    let (entry, (x, y), z) = if uses_gemv(t, tuning) {
-        (&pipeline.gemv, fold(n.div_ceil(GEMV_COLS)), 1)
-    } else {
-        (
-            &pipeline.tiled,
-            (n.div_ceil(TILE) as u32, t.div_ceil(TILE) as u32),
-            split_k(t, n, k, tuning).0 as u32,
-        )
-    };
-    pass.set_pipeline(entry);
+    let grid = Grid::new(t, n, k, tuning);
+    pass.set_pipeline(grid.entry(pipeline));
+    let (x, y, z) = grid.groups;
     for _ in 0..reps {
         pass.dispatch_workgroups(x, y, z);
     }
@@ -432,7 +494,7 @@ fn record(
 
 /// Whether a job's `tiled` slices add into its output, which must then start at zero.
 fn adds(job: &DeviceJob<'_>, tuning: Tuning) -> bool {
-    !uses_gemv(job.t, tuning) && split_k(job.t, job.rhs.n(), job.k, tuning).0 > 1
+    Grid::new(job.t, job.rhs.n(), job.k, tuning).adds()
 }
 
 /// How long a dispatch's wait polls the device before it sleeps on the fence: a decode-sized
@@ -442,7 +504,7 @@ const SPIN: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Waits until the read-back buffer's mapping (requested after `submission`) is resolved: polls
 /// the device for up to [`SPIN`], then blocks on the submission's fence.
-fn wait_mapped(
+pub(crate) fn wait_mapped(
     gpu: &Gpu,
     submission: wgpu::SubmissionIndex,
     rx: &mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,

@@ -1,0 +1,493 @@
+// The steps between a Llama layer's integer products, on the device with the CPU's bits (the
+// library in `floats.wgsl` says how): `layers.rs` records a layer as these kernels and the GEMM
+// kernel's dispatches, every operand in device buffers. One workgroup of 256 threads a row; a
+// dispatch of more rows than one dimension allows folds them into y. Every value is bits: f32 as
+// u32, the GEMM's accumulators as i32, int8 operands four to a word in the GEMM kernel's padded rows.
+//
+// Bindings: `acc` the GEMM kernel's outputs; `res` what a pass only reads (norm weights, biases,
+// weight scales, RoPE's tables); `fl` the residual stream, activation scales and scratch rows;
+// `ops` the packed int8 operands of the next products; `kq` the KV cache's packed key rows, `kf`
+// its key scales and f32 values. P.p* are word offsets into those bindings and shapes, named in
+// each kernel's comment.
+
+struct L {
+    // Rows of the dispatch.
+    n: u32,
+    // 1.0f32 as bits (`one`, the value `g` multiplies by).
+    one_bits: u32,
+    p0: u32,
+    p1: u32,
+    p2: u32,
+    p3: u32,
+    p4: u32,
+    p5: u32,
+    p6: u32,
+    p7: u32,
+    p8: u32,
+    p9: u32,
+    p10: u32,
+    p11: u32,
+    p12: u32,
+    p13: u32,
+    p14: u32,
+    p15: u32,
+    p16: u32,
+    p17: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: L;
+@group(0) @binding(1) var<storage, read_write> acc: array<i32>;
+@group(0) @binding(2) var<storage, read> res: array<u32>;
+@group(0) @binding(3) var<storage, read_write> fl: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ops: array<u32>;
+@group(0) @binding(5) var<storage, read_write> kq: array<u32>;
+@group(0) @binding(6) var<storage, read_write> kf: array<u32>;
+
+var<workgroup> wg_u: u32;
+var<workgroup> wg_max: array<u32, 256>;
+
+// The row a workgroup owns (dispatches fold rows past 65535 into y).
+fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    one = f64(bitcast<f32>(P.one_bits));
+    return wid.x + wid.y * nwg.x;
+}
+
+fn accb(i: u32) -> u32 {
+    return bitcast<u32>(acc[i]);
+}
+
+fn non_finite(v: u32) -> bool {
+    return (v & 0x7f800000u) == 0x7f800000u;
+}
+
+// What the contract's quantization of a row needs once its max |y| is known.
+struct Quant {
+    // 127 / max as f32 bits (the multiplier of every value).
+    inv: u32,
+    // Max below f32::MIN_POSITIVE: a row of zeros, scale 0.
+    tiny: bool,
+    max: u32,
+}
+
+// The row's max |y| from every thread's `m` (f32 magnitudes as bits order as unsigned integers).
+// Called by every thread of the workgroup; the row's values must be visible to all (a storage
+// barrier before).
+fn row_quant(m: u32, li: u32) -> Quant {
+    wg_max[li] = m;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
+        if li < stride {
+            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
+        }
+        workgroupBarrier();
+    }
+    let mb = wg_max[0];
+    // Every thread has read the max before any can start another reduction.
+    workgroupBarrier();
+    let tiny = mb < 0x00800000u;
+    var inv = 0u;
+    if !tiny {
+        inv = div32(0x42fe0000u, mb);
+    }
+    return Quant(inv, tiny, mb);
+}
+
+// The scale of a quantized row: max / 127 (0 for a tiny row).
+fn row_scale(q: Quant) -> u32 {
+    if q.tiny {
+        return 0u;
+    }
+    return div32(q.max, 0x42fe0000u);
+}
+
+// Packed word `wd` of the quantized row of `h` values at fl[y ..]: four int8, zero past h.
+fn pack4(y: u32, h: u32, wd: u32, q: Quant) -> u32 {
+    var word = 0u;
+    if q.tiny {
+        return 0u;
+    }
+    for (var b = 0u; b < 4u; b = b + 1u) {
+        let j = 4u * wd + b;
+        if j < h {
+            word = word | ((u32(quantize1(fl[y + j], q.inv)) & 0xffu) << (8u * b));
+        }
+    }
+    return word;
+}
+
+// The residual stream after a product, then (with p8 = 1) the next product's operand, one
+// workgroup a row t:
+//   x' = x + ((f32(acc) * sa) * sb)            (with p3 = 1: dequantization, then the addition)
+//   y  = w * (x' * f32(1 / sqrt(mean(x'^2) + eps)))   (RMSNorm, the sum in f64 in column order)
+//   y quantized: packed into ops, its scale into fl.
+// p0 H, p1 eps bits, p2 RW (words of a packed row of H), p3 add, p4 x (fl), p5 acc, p6 sa (fl),
+// p7 sb (res), p8 norm, p9 w (res), p10 y (fl scratch), p11 q (ops), p12 scales (fl),
+// p13 the non-finite flag (fl): a non-finite x' leaves its bits there.
+@compute @workgroup_size(256)
+fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = row_of(wid, nwg);
+    if t >= P.n {
+        return;
+    }
+    let h = P.p0;
+    let rw = P.p2;
+    let row = P.p4 + t * h;
+    if P.p3 == 1u {
+        let sa = fl[P.p6 + t];
+        for (var j = li; j < h; j = j + 256u) {
+            let c = dequant(accb(P.p5 + t * h + j), sa, res[P.p7 + j]);
+            let v = narrow(widen(fl[row + j]) + widen(c));
+            fl[row + j] = v;
+            if non_finite(v) {
+                fl[P.p13] = v;
+            }
+        }
+    }
+    if P.p8 == 0u {
+        return;
+    }
+    storageBarrier();
+    workgroupBarrier();
+    if li == 0u {
+        var sum = 0.0lf;
+        for (var j = 0u; j < h; j = j + 1u) {
+            let v = widen(fl[row + j]);
+            // v * v is exact in f64: fused or not, one rounding (the addition's).
+            sum = sum + v * v;
+        }
+        let ms = div_rn(sum, f64(h));
+        wg_u = narrow(div_rn(1.0lf, sqrt_rn(ms + widen(P.p1))));
+    }
+    workgroupBarrier();
+    let inv = wg_u;
+    let y = P.p10 + t * h;
+    var m = 0u;
+    for (var j = li; j < h; j = j + 256u) {
+        let v = mul32(res[P.p9 + j], mul32(fl[row + j], inv));
+        fl[y + j] = v;
+        m = max(m, v & 0x7fffffffu);
+    }
+    storageBarrier();
+    let q = row_quant(m, li);
+    if li == 0u {
+        fl[P.p12 + t] = row_scale(q);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[P.p11 + t * rw + wd] = pack4(y, h, wd, q);
+    }
+}
+
+// After the q/k/v product, one workgroup a token t (W = (H + 2G) * hd columns):
+//   c = (f32(acc) * sa) * sb (+ bias, where the model has one)
+//   RoPE on each query and key head: x1 * cos - x2 * sin, x2 * cos + x1 * sin (f32, from the
+//   CPU's cos/sin tables: `daisy_model::rope_cos_sin`)
+//   each query head's row of hd quantized on its own into ops ([h][t] rows), each key head's
+//   into the cache at position pos0 + t, the values kept as f32 in the cache.
+// p0 H, p1 G, p2 hd, p3 bias, p4 RW (words of a packed hd row), p5 acc, p6 sa (fl), p7 sb (res),
+// p8 bias (res), p9 cos (fl, T * hd/2; sin follows), p10 scratch (fl, T * (H + G) * hd),
+// p11 Q (ops), p12 Q's scales (fl), p13 K (kq, [g][cap] rows), p14 K's scales (kf, [g][cap]),
+// p15 V (kf, [g][cap][hd]), p16 cap, p17 pos0.
+@compute @workgroup_size(256)
+fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = row_of(wid, nwg);
+    let rows = P.n;
+    if t >= rows {
+        return;
+    }
+    let heads = P.p0;
+    let kv = P.p1;
+    let hd = P.p2;
+    let rw = P.p4;
+    let cap = P.p16;
+    let pos = P.p17 + t;
+    let half = hd / 2u;
+    let qk = (heads + kv) * hd;
+    let w = qk + kv * hd;
+    let scr = P.p10 + t * qk;
+    let sa = fl[P.p6 + t];
+    for (var j = li; j < w; j = j + 256u) {
+        var c = dequant(accb(P.p5 + t * w + j), sa, res[P.p7 + j]);
+        if P.p3 == 1u {
+            c = narrow(widen(c) + widen(res[P.p8 + j]));
+        }
+        if j < qk {
+            fl[scr + j] = c;
+        } else {
+            let jj = j - qk;
+            kf[P.p15 + ((jj / hd) * cap + pos) * hd + jj % hd] = c;
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    let cos0 = P.p9 + t * half;
+    let sin0 = P.p9 + rows * half + t * half;
+    for (var idx = li; idx < (heads + kv) * half; idx = idx + 256u) {
+        let p = scr + (idx / half) * hd + idx % half;
+        let i = idx % half;
+        let x1 = fl[p];
+        let x2 = fl[p + half];
+        let c = fl[cos0 + i];
+        let s = fl[sin0 + i];
+        fl[p] = narrow(widen(mul32(x1, c)) - widen(mul32(x2, s)));
+        fl[p + half] = narrow(widen(mul32(x2, c)) + widen(mul32(x1, s)));
+    }
+    for (var head = 0u; head < heads + kv; head = head + 1u) {
+        let p = scr + head * hd;
+        storageBarrier();
+        workgroupBarrier();
+        var m = 0u;
+        for (var j = li; j < hd; j = j + 256u) {
+            m = max(m, fl[p + j] & 0x7fffffffu);
+        }
+        let q = row_quant(m, li);
+        let scale = row_scale(q);
+        if head < heads {
+            if li == 0u {
+                fl[P.p12 + head * rows + t] = scale;
+            }
+            for (var wd = li; wd < rw; wd = wd + 256u) {
+                ops[P.p11 + (head * rows + t) * rw + wd] = pack4(p, hd, wd, q);
+            }
+        } else {
+            let g = head - heads;
+            if li == 0u {
+                kf[P.p14 + g * cap + pos] = scale;
+            }
+            for (var wd = li; wd < rw; wd = wd + 256u) {
+                kq[P.p13 + (g * cap + pos) * rw + wd] = pack4(p, hd, wd, q);
+            }
+        }
+    }
+}
+
+// Vᵀ for the values' product: one row per kv head g and value channel c over the nk keys present,
+// quantized on its own. One workgroup a row r = g * hd + c.
+// p0 nk, p1 hd, p2 RW (words of a packed nk row), p3 V (kf, [g][cap][hd]), p4 cap,
+// p5 scratch (fl, G * hd * nk), p6 q (ops), p7 scales (fl).
+@compute @workgroup_size(256)
+fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg);
+    if r >= P.n {
+        return;
+    }
+    let nk = P.p0;
+    let hd = P.p1;
+    let rw = P.p2;
+    let g = r / hd;
+    let c = r % hd;
+    let scr = P.p5 + r * nk;
+    var m = 0u;
+    for (var j = li; j < nk; j = j + 256u) {
+        let v = kf[P.p3 + (g * P.p4 + j) * hd + c];
+        fl[scr + j] = v;
+        m = max(m, v & 0x7fffffffu);
+    }
+    storageBarrier();
+    let q = row_quant(m, li);
+    if li == 0u {
+        fl[P.p7 + r] = row_scale(q);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[P.p6 + r * rw + wd] = pack4(scr, nk, wd, q);
+    }
+}
+
+// Attention's scores after their product, one workgroup a row r = h * T + t (query head h, token
+// t at position pos0 + t) of nk keys:
+//   s = ((f32(acc) * sa) * sb) * scale on the row's visible keys [lo, hi), 0 elsewhere
+//   p = the contract's softmax of the visible run (max, e = exp(s - max), the f64 sum left to
+//       right, inv = f32(1 / sum), p = e * inv), masked entries exactly 0
+//   then p quantized as the values product's operand.
+// hi = min(pos0 + t + 1, nk); lo = pos0 + t + 1 - window (saturating; 0 without a window).
+// p0 nk, p1 scale bits, p2 RW (words of a packed nk row), p3 T, p4 pos0, p5 window (0: none),
+// p6 acc ([h][t][nk]), p7 sa (fl, Q's scales [h][t]), p8 sb (kf, K's scales [g][cap]),
+// p9 heads per kv head, p10 cap, p11 scratch (fl, H * T * nk), p12 q (ops), p13 scales (fl).
+@compute @workgroup_size(256)
+fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg);
+    if r >= P.n {
+        return;
+    }
+    let nk = P.p0;
+    let rw = P.p2;
+    let t = r % P.p3;
+    let g = (r / P.p3) / P.p9;
+    let qpos = P.p4 + t;
+    let hi = min(qpos + 1u, nk);
+    var lo = 0u;
+    if P.p5 > 0u && qpos + 1u > P.p5 {
+        lo = qpos + 1u - P.p5;
+    }
+    let row = P.p11 + r * nk;
+    let sa = fl[P.p7 + r];
+    let sb0 = P.p8 + g * P.p10;
+    var mx = 0xff800000u;
+    for (var j = li; j < nk; j = j + 256u) {
+        var v = 0u;
+        if j >= lo && j < hi {
+            v = mul32(dequant(accb(P.p6 + r * nk + j), sa, kf[sb0 + j]), P.p1);
+            if widen(v) > widen(mx) {
+                mx = v;
+            }
+        }
+        fl[row + j] = v;
+    }
+    wg_max[li] = mx;
+    storageBarrier();
+    workgroupBarrier();
+    // The row's max (any order gives the same value; +0 and -0 give the same exp).
+    if li == 0u {
+        var best = 0xff800000u;
+        for (var i = 0u; i < 256u; i = i + 1u) {
+            if widen(wg_max[i]) > widen(best) {
+                best = wg_max[i];
+            }
+        }
+        wg_u = best;
+    }
+    workgroupBarrier();
+    let best = wg_u;
+    let live = lo < hi && best != 0xff800000u;
+    for (var j = li; j < nk; j = j + 256u) {
+        var e = 0u;
+        if live && j >= lo && j < hi {
+            e = narrow(exp_f64(widen(narrow(widen(fl[row + j]) - widen(best)))));
+        }
+        fl[row + j] = e;
+    }
+    storageBarrier();
+    workgroupBarrier();
+    if li == 0u && live {
+        var sum = 0.0lf;
+        for (var j = lo; j < hi; j = j + 1u) {
+            sum = sum + widen(fl[row + j]);
+        }
+        wg_u = narrow(div_rn(1.0lf, sum));
+    }
+    workgroupBarrier();
+    let inv = wg_u;
+    var m = 0u;
+    for (var j = li; j < nk; j = j + 256u) {
+        if live && j >= lo && j < hi {
+            let p = mul32(fl[row + j], inv);
+            fl[row + j] = p;
+            m = max(m, p & 0x7fffffffu);
+        }
+    }
+    storageBarrier();
+    let q = row_quant(m, li);
+    if li == 0u {
+        fl[P.p13 + r] = row_scale(q);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[P.p12 + r * rw + wd] = pack4(row, nk, wd, q);
+    }
+}
+
+// The attention output for the o product, one workgroup a token t: head h's values product
+// dequantized, (f32(acc) * sa) * sb with sa the probability row's scale and sb the Vᵀ row's,
+// placed at columns h * hd.., and the row of H * hd quantized.
+// p0 H, p1 G, p2 hd, p3 RW (words of a packed H * hd row), p4 acc ([h][t][c]), p5 sa (fl, [h][t]),
+// p6 sb (fl, [g][c]), p7 y (fl scratch, T * H * hd), p8 q (ops), p9 scales (fl).
+@compute @workgroup_size(256)
+fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = row_of(wid, nwg);
+    let rows = P.n;
+    if t >= rows {
+        return;
+    }
+    let heads = P.p0;
+    let hd = P.p2;
+    let rw = P.p3;
+    let qd = heads * hd;
+    let group = heads / P.p1;
+    let y = P.p7 + t * qd;
+    var m = 0u;
+    for (var j = li; j < qd; j = j + 256u) {
+        let h = j / hd;
+        let c = j % hd;
+        let v = dequant(accb(P.p4 + (h * rows + t) * hd + c), fl[P.p5 + h * rows + t], fl[P.p6 + (h / group) * hd + c]);
+        fl[y + j] = v;
+        m = max(m, v & 0x7fffffffu);
+    }
+    storageBarrier();
+    let q = row_quant(m, li);
+    if li == 0u {
+        fl[P.p9 + t] = row_scale(q);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[P.p8 + t * rw + wd] = pack4(y, qd, wd, q);
+    }
+}
+
+// The MLP's activation after the gate/up product, one workgroup a token t:
+//   g, u = (f32(acc) * sa) * sb for the row's first and second I columns
+//   a = g / (1 + exp(-g)) * u       (SiLU, each step an f32 operation, exp the contract's)
+//   then a quantized as the down product's operand.
+// p0 I, p1 RW (words of a packed I row), p2 acc (T * 2I), p3 sa (fl), p4 sb (res, 2I),
+// p5 y (fl scratch, T * I), p6 q (ops), p7 scales (fl).
+@compute @workgroup_size(256)
+fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = row_of(wid, nwg);
+    if t >= P.n {
+        return;
+    }
+    let n = P.p0;
+    let rw = P.p1;
+    let sa = fl[P.p3 + t];
+    let y = P.p5 + t * n;
+    let a0 = P.p2 + 2u * t * n;
+    var m = 0u;
+    for (var j = li; j < n; j = j + 256u) {
+        let g = dequant(accb(a0 + j), sa, res[P.p4 + j]);
+        let u = dequant(accb(a0 + n + j), sa, res[P.p4 + n + j]);
+        let e = narrow(exp_f64(-widen(g)));
+        let a = mul32(div32(g, narrow(1.0lf + widen(e))), u);
+        fl[y + j] = a;
+        m = max(m, a & 0x7fffffffu);
+    }
+    storageBarrier();
+    let q = row_quant(m, li);
+    if li == 0u {
+        fl[P.p7 + t] = row_scale(q);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[P.p6 + t * rw + wd] = pack4(y, n, wd, q);
+    }
+}
+
+// The live audit's operands (DESIGN §3.7): one workgroup a segment of the gather table in fl
+// (four words a segment: source (0 acc, 1 ops, 2 kq), its first word, the first word in fl, words),
+// each copied into fl for the read-back. p0 the table.
+@compute @workgroup_size(256)
+fn audit_gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let s = row_of(wid, nwg);
+    if s >= P.n {
+        return;
+    }
+    let e = P.p0 + 4u * s;
+    let kind = fl[e];
+    let src = fl[e + 1u];
+    let dst = fl[e + 2u];
+    let words = fl[e + 3u];
+    for (var i = li; i < words; i = i + 256u) {
+        var v = 0u;
+        if kind == 0u {
+            v = accb(src + i);
+        } else if kind == 1u {
+            v = ops[src + i];
+        } else {
+            v = kq[src + i];
+        }
+        fl[dst + i] = v;
+    }
+}
+
+// Zeroes p1 accumulators from p0: the output of a product whose K slices add into it.
+@compute @workgroup_size(256)
+fn zero_acc(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let i = row_of(wid, nwg) * 256u + li;
+    if i < P.p1 {
+        acc[P.p0 + i] = 0;
+    }
+}

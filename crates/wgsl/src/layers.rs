@@ -1,0 +1,1391 @@
+//! `GpuLayers`: a stage's Llama-family layers run whole on the GPU, with the CPU's bits.
+//!
+//! A pass uploads the rows' hidden states once and records every layer into one submission: the
+//! GEMM kernel's dispatches (weights resident, operands and accumulators in device buffers placed
+//! by `Dims`) with the row kernels of `layer.wgsl` between them (dequantization, residual, RMSNorm,
+//! bias, RoPE, softmax, SiLU, quantization: each the CPU's bits, `floats.wgsl`), the KV cache in
+//! device memory. What comes back is the last hidden state, a flag per layer for non-finite values
+//! and, for every product, two rows of A, two blocks of 16 columns of B and their accumulators:
+//! the live audit of DESIGN §3.7, checked against the scalar reference here as the CPU path checks
+//! its own products.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use daisy_gemm_int8::{Backend, PackedWeights, reference_cell, splitmix};
+use daisy_model::{DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
+
+use crate::backend::GpuBackend;
+use crate::device::Gpu;
+use crate::error::{Error, Result};
+use crate::floats::library_source;
+use crate::kernel::{DIMS_BYTES, Grid, Pipeline, row_bytes, wait_mapped};
+
+/// The row kernels (`floats.wgsl` is prepended).
+const LAYER_WGSL: &str = include_str!("layer.wgsl");
+
+/// Bytes of one dispatch's parameters in the uniform buffer (WebGPU's offset alignment).
+const SLOT: u64 = 256;
+/// Bytes of the row kernels' `L`.
+const L_BYTES: u64 = 80;
+/// Words every region starts on (a vec4 word for the GEMM kernel, 256 bytes in all).
+const ALIGN_WORDS: usize = 64;
+/// Columns of one audited block.
+const AUDIT_BLOCK: usize = 16;
+/// Segments a product's audit gathers at most (two A rows, four accumulator runs, two B blocks).
+const AUDIT_SEGMENTS: usize = 8;
+
+static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_1A7E_0000_0000);
+
+/// Words of one packed row of `k` int8 values.
+fn rw(k: usize) -> usize {
+    row_bytes(k) / 4
+}
+
+/// The row kernels' entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Entry {
+    Residual,
+    QkvRope,
+    ValuesT,
+    Softmax,
+    AttnOut,
+    Silu,
+    Gather,
+    Zero,
+}
+
+impl Entry {
+    const ALL: [Entry; 8] = [
+        Entry::Residual,
+        Entry::QkvRope,
+        Entry::ValuesT,
+        Entry::Softmax,
+        Entry::AttnOut,
+        Entry::Silu,
+        Entry::Gather,
+        Entry::Zero,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Entry::Residual => "residual_norm_quantize",
+            Entry::QkvRope => "qkv_rope_quantize",
+            Entry::ValuesT => "values_transposed_quantize",
+            Entry::Softmax => "scores_softmax_quantize",
+            Entry::AttnOut => "attention_out_quantize",
+            Entry::Silu => "gate_up_silu_quantize",
+            Entry::Gather => "audit_gather",
+            Entry::Zero => "zero_acc",
+        }
+    }
+}
+
+/// The compiled row kernels and the GEMM kernel with dynamic dims, and their layouts.
+struct Pipes {
+    rows: HashMap<Entry, wgpu::ComputePipeline>,
+    layout: wgpu::BindGroupLayout,
+    gemm: Pipeline,
+}
+
+fn layout_entry(
+    binding: u32,
+    ty: wgpu::BufferBindingType,
+    dynamic: bool,
+) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: dynamic,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+impl Pipes {
+    fn new(gpu: &Gpu, gemm_source: &str, layer_source: &str) -> Result<Pipes> {
+        let device = &gpu.device;
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("layer"),
+            source: wgpu::ShaderSource::Wgsl(
+                format!("{}\n{layer_source}", library_source()).into(),
+            ),
+        });
+        use wgpu::BufferBindingType as T;
+        let rw = T::Storage { read_only: false };
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("layer"),
+            entries: &[
+                layout_entry(0, T::Uniform, true),
+                layout_entry(1, rw, false),
+                layout_entry(2, T::Storage { read_only: true }, false),
+                layout_entry(3, rw, false),
+                layout_entry(4, rw, false),
+                layout_entry(5, rw, false),
+                layout_entry(6, rw, false),
+            ],
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("layer"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let rows = Entry::ALL
+            .into_iter()
+            .map(|e| {
+                let p = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(e.name()),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some(e.name()),
+                    compilation_options: wgpu::PipelineCompilationOptions::default(),
+                    cache: None,
+                });
+                (e, p)
+            })
+            .collect();
+        gpu.take_error()?;
+        let gemm = Pipeline::with_dynamic_dims(gpu, gemm_source)?;
+        Ok(Pipes { rows, layout, gemm })
+    }
+}
+
+/// A growable device buffer.
+struct Buf {
+    buffer: wgpu::Buffer,
+    bytes: u64,
+}
+
+fn buffer(gpu: &Gpu, label: &str, bytes: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer> {
+    if bytes > gpu.max_binding {
+        return Err(Error::TooLarge {
+            what: "a buffer of the GPU stage",
+            bytes,
+            limit: gpu.max_binding,
+        });
+    }
+    Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes.max(16),
+        usage,
+        mapped_at_creation: false,
+    }))
+}
+
+impl Buf {
+    /// Whether `b` holds `bytes`; else a new buffer of at least that (a quarter more, so that a
+    /// growing window does not reallocate every pass). Returns whether it changed.
+    fn ensure(
+        b: &mut Option<Buf>,
+        gpu: &Gpu,
+        label: &str,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<bool> {
+        if b.as_ref().is_some_and(|b| b.bytes >= bytes) {
+            return Ok(false);
+        }
+        let want = (bytes + bytes / 4)
+            .next_multiple_of(SLOT)
+            .min(gpu.max_binding)
+            .max(bytes);
+        *b = Some(Buf {
+            buffer: buffer(gpu, label, want, usage)?,
+            bytes: want,
+        });
+        Ok(true)
+    }
+}
+
+/// The stage's constants on the device: norm weights, biases and weight scales, per layer.
+struct Consts {
+    ids: Vec<u64>,
+    buffer: wgpu::Buffer,
+    layers: Vec<LayerConsts>,
+}
+
+#[derive(Clone, Copy)]
+struct LayerConsts {
+    in_norm: u32,
+    post_norm: u32,
+    bias: Option<u32>,
+    s_qkv: u32,
+    s_o: u32,
+    s_gu: u32,
+    s_down: u32,
+}
+
+impl Consts {
+    fn ids(layers: &[LlamaLayer<'_>]) -> Vec<u64> {
+        layers
+            .iter()
+            .flat_map(|l| [l.qkv.id(), l.o.id(), l.gate_up.id(), l.down.id()])
+            .collect()
+    }
+
+    fn new(gpu: &Gpu, layers: &[LlamaLayer<'_>]) -> Result<Consts> {
+        let mut words: Vec<u32> = Vec::new();
+        let mut put = |v: &[f32]| -> u32 {
+            let at = words.len();
+            words.extend(v.iter().map(|x| x.to_bits()));
+            words.resize(words.len().next_multiple_of(ALIGN_WORDS), 0);
+            at as u32
+        };
+        let placed = layers
+            .iter()
+            .map(|l| LayerConsts {
+                in_norm: put(l.input_norm),
+                post_norm: put(l.post_norm),
+                bias: l.qkv_bias.map(&mut put),
+                s_qkv: put(l.qkv.scales()),
+                s_o: put(l.o.scales()),
+                s_gu: put(l.gate_up.scales()),
+                s_down: put(l.down.scales()),
+            })
+            .collect();
+        let bytes = (words.len() * 4) as u64;
+        let buf = buffer(
+            gpu,
+            "layer constants",
+            bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        )?;
+        gpu.queue
+            .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
+        Ok(Consts {
+            ids: Consts::ids(layers),
+            buffer: buf,
+            layers: placed,
+        })
+    }
+}
+
+/// Buffers reused across passes, and the bind groups that depend on them.
+#[derive(Default)]
+struct Work {
+    fl: Option<Buf>,
+    ops: Option<Buf>,
+    acc: Option<Buf>,
+    params: Option<Buf>,
+    readback: Option<Buf>,
+    consts: Option<Consts>,
+    /// GEMM bind groups against resident weights (by `PackedWeights::id`) and against `ops`.
+    weight_groups: HashMap<u64, wgpu::BindGroup>,
+    ops_group: Option<wgpu::BindGroup>,
+}
+
+/// A KV cache in device memory: per layer, the key rows packed (`kq`: `[g][cap]` rows of
+/// `rw(head_dim)` words) and the key scales and f32 values (`kf`: `[g][cap]` scales, then
+/// `[g][cap][head_dim]` values).
+pub struct GpuKv {
+    layers: usize,
+    len: usize,
+    cap: usize,
+    /// (kv heads, head_dim) once allocated.
+    dims: Option<(usize, usize)>,
+    kq: Option<wgpu::Buffer>,
+    kf: Option<wgpu::Buffer>,
+}
+
+impl std::fmt::Debug for GpuKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuKv")
+            .field("layers", &self.layers)
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl DeviceKv for GpuKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+impl GpuKv {
+    fn new(layers: usize) -> GpuKv {
+        GpuKv {
+            layers,
+            len: 0,
+            cap: 0,
+            dims: None,
+            kq: None,
+            kf: None,
+        }
+    }
+
+    /// Words of one layer in `kq` and in `kf` at capacity `cap`.
+    fn strides(g: usize, hd: usize, cap: usize) -> (usize, usize) {
+        (g * cap * rw(hd), g * cap * (1 + hd))
+    }
+
+    /// Room for `need` positions of `g` kv heads of `hd`; what is held is copied over.
+    fn ensure(&mut self, gpu: &Gpu, g: usize, hd: usize, need: usize) -> Result<()> {
+        if self.dims.is_some_and(|d| d != (g, hd)) {
+            return Err(Error::ShapeMismatch {
+                operand: "the KV cache's heads",
+                got: g * hd,
+                expected: self.dims.map_or(0, |(g, hd)| g * hd),
+            });
+        }
+        if need <= self.cap && self.kq.is_some() {
+            return Ok(());
+        }
+        let cap = need.max(2 * self.cap).max(64).next_multiple_of(16);
+        let (sq, sf) = GpuKv::strides(g, hd, cap);
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let kq = buffer(gpu, "kv keys", (self.layers * sq * 4) as u64, usage)?;
+        let kf = buffer(gpu, "kv values", (self.layers * sf * 4) as u64, usage)?;
+        if let (Some(old_q), Some(old_f), true) = (&self.kq, &self.kf, self.len > 0) {
+            let (oq, of) = GpuKv::strides(g, hd, self.cap);
+            let mut enc = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("kv grow"),
+                });
+            let w = |words: usize| (words * 4) as u64;
+            for l in 0..self.layers {
+                for h in 0..g {
+                    let rows = self.len;
+                    let (src, dst) = (l * oq + h * self.cap * rw(hd), l * sq + h * cap * rw(hd));
+                    enc.copy_buffer_to_buffer(old_q, w(src), &kq, w(dst), w(rows * rw(hd)));
+                    let (src, dst) = (l * of + h * self.cap, l * sf + h * cap);
+                    enc.copy_buffer_to_buffer(old_f, w(src), &kf, w(dst), w(rows));
+                    let (src, dst) = (
+                        l * of + g * self.cap + h * self.cap * hd,
+                        l * sf + g * cap + h * cap * hd,
+                    );
+                    enc.copy_buffer_to_buffer(old_f, w(src), &kf, w(dst), w(rows * hd));
+                }
+            }
+            gpu.queue.submit([enc.finish()]);
+        }
+        self.kq = Some(kq);
+        self.kf = Some(kf);
+        self.cap = cap;
+        self.dims = Some((g, hd));
+        Ok(())
+    }
+}
+
+/// Where B of an audited product lies.
+enum AuditB<'a> {
+    /// Resident weights: the CPU holds the same rows.
+    Weights(&'a PackedWeights),
+    /// Gathered with the rest, at this word of the audit region (rows of `rw(k)` words).
+    Rows,
+}
+
+/// One product's audit: the cells of rows `rows` and columns `cols` (start, width), gathered.
+struct Audit<'a> {
+    what: String,
+    n: usize,
+    k: usize,
+    rows: [usize; 2],
+    cols: [(usize, usize); 2],
+    /// Words in the audit region: A's rows, then the four accumulator runs, then B's blocks.
+    at: usize,
+    b: AuditB<'a>,
+}
+
+/// Where a GEMM's B lies.
+#[derive(Clone, Copy)]
+enum Rhs<'a> {
+    Weights(&'a PackedWeights),
+    /// Packed rows in `ops` at this word.
+    Ops(usize),
+    /// Packed rows in the KV cache's `kq` at this word.
+    Kv(usize),
+}
+
+enum Cmd {
+    Row {
+        entry: Entry,
+        slot: u32,
+        groups: (u32, u32),
+    },
+    Gemm {
+        group: GemmGroup,
+        slot: u32,
+        grid: Grid,
+    },
+}
+
+#[derive(Clone, Copy)]
+enum GemmGroup {
+    Weights(u64),
+    Ops,
+    Kv,
+}
+
+/// A pass's commands as they are recorded: parameters, audits and the gather table.
+struct Recorder<'a> {
+    params: Vec<u8>,
+    cmds: Vec<Cmd>,
+    audits: Vec<Audit<'a>>,
+    /// (source: 0 acc, 1 ops, 2 kq; source word; destination word in `fl`; words).
+    gather: Vec<[u32; 4]>,
+    audit_words: usize,
+    /// Where the audit region and the gather table start in `fl`.
+    audit0: usize,
+    gtab0: usize,
+    seed: u64,
+    tuning: crate::kernel::Tuning,
+    dispatches: (usize, usize),
+}
+
+fn grid_of(rows: usize) -> (u32, u32) {
+    let x = rows.clamp(1, 65535);
+    (x as u32, rows.div_ceil(x) as u32)
+}
+
+impl<'a> Recorder<'a> {
+    fn slot(&mut self, words: &[u32]) -> u32 {
+        let at = self.params.len();
+        self.params
+            .extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        self.params.resize(at + SLOT as usize, 0);
+        at as u32
+    }
+
+    /// A row kernel over `rows` rows with parameters p0.. = `p`.
+    fn row(&mut self, entry: Entry, rows: usize, p: &[u32]) {
+        let mut words = vec![rows as u32, 1.0f32.to_bits()];
+        words.extend_from_slice(p);
+        let slot = self.slot(&words);
+        self.cmds.push(Cmd::Row {
+            entry,
+            slot,
+            groups: grid_of(rows),
+        });
+    }
+
+    fn random(&mut self, below: usize) -> usize {
+        (splitmix(&mut self.seed) % below.max(1) as u64) as usize
+    }
+
+    /// `acc[c..] = A·Bᵀ` for `t` rows of A packed in `ops` at word `a` (K = `k`) and `n` rows of
+    /// B; the product is audited.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&mut self, what: String, a: usize, t: usize, k: usize, b: Rhs<'a>, n: usize, c: usize) {
+        let grid = Grid::new(t, n, k, self.tuning);
+        if grid.adds() {
+            self.row(
+                Entry::Zero,
+                (t * n).div_ceil(256),
+                &[c as u32, (t * n) as u32],
+            );
+        }
+        let (group, b0) = match b {
+            Rhs::Weights(w) => (GemmGroup::Weights(w.id()), 0),
+            Rhs::Ops(at) => (GemmGroup::Ops, at),
+            Rhs::Kv(at) => (GemmGroup::Kv, at),
+        };
+        let k16 = rw(k) / 4;
+        let dims = [
+            t as u32,
+            n as u32,
+            k16 as u32,
+            grid.stages,
+            (a / 4) as u32,
+            (b0 / 4) as u32,
+            c as u32,
+            0,
+        ];
+        let slot = self.slot(&dims);
+        match grid.gemv {
+            true => self.dispatches.0 += 1,
+            false => self.dispatches.1 += 1,
+        }
+        self.cmds.push(Cmd::Gemm { group, slot, grid });
+
+        // The audit: two rows, two blocks of columns, their cells and operands gathered.
+        let rows = [self.random(t), self.random(t)];
+        let blocks = n.div_ceil(AUDIT_BLOCK);
+        let cols = [0, 1].map(|_| {
+            let start = self.random(blocks) * AUDIT_BLOCK;
+            (start, AUDIT_BLOCK.min(n - start))
+        });
+        let at = self.audit_words;
+        let first = self.gather.len();
+        let mut dst = self.audit0 + at;
+        let mut seg = |src: u32, from: usize, words: usize, gather: &mut Vec<[u32; 4]>| {
+            gather.push([src, from as u32, dst as u32, words as u32]);
+            dst += words;
+        };
+        for r in rows {
+            seg(1, a + r * rw(k), rw(k), &mut self.gather);
+        }
+        for r in rows {
+            for (start, width) in cols {
+                seg(0, c + r * n + start, width, &mut self.gather);
+            }
+        }
+        let audit_b = match b {
+            Rhs::Weights(w) => AuditB::Weights(w),
+            Rhs::Ops(at) | Rhs::Kv(at) => {
+                let src = if matches!(b, Rhs::Ops(_)) { 1 } else { 2 };
+                for (start, width) in cols {
+                    seg(src, at + start * rw(k), width * rw(k), &mut self.gather);
+                }
+                AuditB::Rows
+            }
+        };
+        self.audit_words = dst - self.audit0;
+        let segments = self.gather.len() - first;
+        self.row(Entry::Gather, segments, &[(self.gtab0 + 4 * first) as u32]);
+        self.audits.push(Audit {
+            what,
+            n,
+            k,
+            rows,
+            cols,
+            at,
+            b: audit_b,
+        });
+    }
+}
+
+/// Words of a product's audit at most.
+fn audit_bound(k: usize, b_rows: bool) -> usize {
+    2 * rw(k) + 4 * AUDIT_BLOCK + if b_rows { 2 * AUDIT_BLOCK * rw(k) } else { 0 }
+}
+
+/// Where everything of one pass lies (words).
+struct Regions {
+    // fl
+    x: usize,
+    flags: usize,
+    audit: usize,
+    gtab: usize,
+    cos: usize,
+    s_h: usize,
+    q_s: usize,
+    vt_s: usize,
+    p_s: usize,
+    attn_s: usize,
+    act_s: usize,
+    scratch: usize,
+    fl: usize,
+    // ops
+    a_h: usize,
+    q: usize,
+    vt: usize,
+    p: usize,
+    attn: usize,
+    act: usize,
+    ops: usize,
+    // acc
+    acc: usize,
+}
+
+struct Cursor(usize);
+
+impl Cursor {
+    fn take(&mut self, words: usize) -> usize {
+        let at = self.0;
+        self.0 = (self.0 + words).next_multiple_of(ALIGN_WORDS);
+        at
+    }
+}
+
+impl Regions {
+    fn new(s: &LayerShape, layers: usize, t: usize, nk: usize) -> Regions {
+        let (h, hd, heads, g, i) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
+        let qd = heads * hd;
+        let w = qd + 2 * g * hd;
+        let per_layer = audit_bound(h, false) * 2
+            + audit_bound(qd, false)
+            + audit_bound(i, false)
+            + g * (audit_bound(hd, true) + audit_bound(nk, true));
+        let gemms = layers * (4 + 2 * g);
+        let mut f = Cursor(0);
+        let x = f.take(t * h);
+        let flags = f.take(layers);
+        let audit = f.take(layers * per_layer);
+        let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
+        let cos = f.take(t * hd);
+        let s_h = f.take(t);
+        let q_s = f.take(heads * t);
+        let vt_s = f.take(g * hd);
+        let p_s = f.take(heads * t);
+        let attn_s = f.take(t);
+        let act_s = f.take(t);
+        let scratch = f.take(
+            [
+                t * h,
+                t * (heads + g) * hd,
+                g * hd * nk,
+                heads * t * nk,
+                t * qd,
+                t * i,
+            ]
+            .into_iter()
+            .max()
+            .unwrap_or(0),
+        );
+        let mut o = Cursor(0);
+        let a_h = o.take(t * rw(h));
+        let q = o.take(heads * t * rw(hd));
+        let vt = o.take(g * hd * rw(nk));
+        let p = o.take(heads * t * rw(nk));
+        let attn = o.take(t * rw(qd));
+        let act = o.take(t * rw(i));
+        let acc = [t * w, heads * t * nk, heads * t * hd, t * h, t * 2 * i]
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        Regions {
+            x,
+            flags,
+            audit,
+            gtab,
+            cos,
+            s_h,
+            q_s,
+            vt_s,
+            p_s,
+            attn_s,
+            act_s,
+            scratch,
+            fl: f.0,
+            a_h,
+            q,
+            vt,
+            p,
+            attn,
+            act,
+            ops: o.0,
+            acc,
+        }
+    }
+}
+
+fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: b.as_entire_binding(),
+    }
+}
+
+/// A stage's Llama-family layers on the GPU of a [`GpuBackend`] (the device that runs the
+/// stage's products), bit for bit the CPU's.
+pub struct GpuLayers {
+    backend: Arc<dyn Backend>,
+    pipes: Pipes,
+    work: Mutex<Work>,
+}
+
+impl std::fmt::Debug for GpuLayers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuLayers")
+            .field("backend", &self.backend.name())
+            .finish()
+    }
+}
+
+fn model_err(what: &str, e: impl std::fmt::Display) -> daisy_model::Error {
+    daisy_model::Error::Gemm {
+        what: what.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+impl GpuLayers {
+    /// The layers of a stage whose products run on `backend`: `None` unless it is a
+    /// [`GpuBackend`] whose device has 64-bit floats in shaders (the row kernels need them).
+    pub fn new(backend: Arc<dyn Backend>) -> Result<Option<GpuLayers>> {
+        GpuLayers::with_source(backend, LAYER_WGSL)
+    }
+
+    /// [`GpuLayers::new`] with another `layer.wgsl` (same bindings and entry points: tests build
+    /// mutants this way).
+    #[doc(hidden)]
+    pub fn with_source(backend: Arc<dyn Backend>, layer_source: &str) -> Result<Option<GpuLayers>> {
+        let Some(gpu_backend) = backend
+            .as_any()
+            .and_then(|a| a.downcast_ref::<GpuBackend>())
+        else {
+            return Ok(None);
+        };
+        let gpu = gpu_backend.gpu();
+        if !gpu.f64 {
+            return Ok(None);
+        }
+        let pipes = Pipes::new(gpu, gpu_backend.kernel_source(), layer_source)?;
+        Ok(Some(GpuLayers {
+            backend,
+            pipes,
+            work: Mutex::new(Work::default()),
+        }))
+    }
+
+    /// The layer kernels' WGSL.
+    pub fn layer_source() -> &'static str {
+        LAYER_WGSL
+    }
+
+    fn gpu_backend(&self) -> &GpuBackend {
+        match self
+            .backend
+            .as_any()
+            .and_then(|a| a.downcast_ref::<GpuBackend>())
+        {
+            Some(b) => b,
+            None => unreachable!("GpuLayers is only built over a GpuBackend"),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        s: &LayerShape,
+        layers: &[LlamaLayer<'_>],
+        inv_freq: &[f32],
+        x: &mut [f32],
+        t: usize,
+        pos0: usize,
+        kv: &mut GpuKv,
+    ) -> std::result::Result<(), daisy_model::Error> {
+        let backend = self.gpu_backend();
+        let gpu = backend.gpu();
+        let dev = |e: Error| model_err("the GPU stage", e);
+        let start = Instant::now();
+        let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
+        if heads == 0 || g == 0 || heads % g != 0 || hd % 2 != 0 {
+            return Err(daisy_model::Error::Invalid(format!(
+                "{heads} heads over {g} kv heads of {hd}: the GPU stage needs whole groups and an even head size"
+            )));
+        }
+        let (group, qd, half) = (heads / g, heads * hd, hd / 2);
+        let w = qd + 2 * g * hd;
+        let nk = pos0 + t;
+        let nl = layers.len();
+        kv.ensure(gpu, g, hd, nk).map_err(dev)?;
+        let cap = kv.cap;
+        let (kq_stride, kf_stride) = GpuKv::strides(g, hd, cap);
+        let r = Regions::new(s, nl, t, nk);
+
+        let mut guard = self.work.lock().unwrap_or_else(PoisonError::into_inner);
+        let work = &mut *guard;
+        use wgpu::BufferUsages as U;
+        let store = U::STORAGE | U::COPY_DST | U::COPY_SRC;
+        let mut changed = Buf::ensure(&mut work.fl, gpu, "stage floats", (r.fl * 4) as u64, store)
+            .map_err(dev)?;
+        changed |= Buf::ensure(
+            &mut work.ops,
+            gpu,
+            "stage operands",
+            (r.ops * 4) as u64,
+            store,
+        )
+        .map_err(dev)?;
+        changed |= Buf::ensure(
+            &mut work.acc,
+            gpu,
+            "stage accumulators",
+            (r.acc * 4) as u64,
+            store,
+        )
+        .map_err(dev)?;
+        let read_words = r.audit - r.x + (r.gtab - r.audit);
+        Buf::ensure(
+            &mut work.readback,
+            gpu,
+            "stage read-back",
+            (read_words * 4) as u64,
+            U::MAP_READ | U::COPY_DST,
+        )
+        .map_err(dev)?;
+        if work
+            .consts
+            .as_ref()
+            .is_none_or(|c| c.ids != Consts::ids(layers))
+        {
+            work.consts = Some(Consts::new(gpu, layers).map_err(dev)?);
+        }
+
+        // Record every layer.
+        let mut seed = AUDIT_SEED.fetch_add(1, Ordering::Relaxed);
+        let mut rec = Recorder {
+            params: Vec::new(),
+            cmds: Vec::new(),
+            audits: Vec::new(),
+            gather: Vec::new(),
+            audit_words: 0,
+            audit0: r.audit,
+            gtab0: r.gtab,
+            seed: splitmix(&mut seed),
+            tuning: backend.tuning(),
+            dispatches: (0, 0),
+        };
+        let consts = match &work.consts {
+            Some(c) => &c.layers,
+            None => unreachable!("placed just above"),
+        };
+        let u = |v: usize| v as u32;
+        let eps = s.eps.to_bits();
+        for (l, (layer, c)) in layers.iter().zip(consts).enumerate() {
+            let name = |what: &str| format!("layer {} {what}", layer.index);
+            // The residual of the previous layer's down product (none before the first), the
+            // input norm, the q/k/v operand.
+            let (add, sb, flag) = match l {
+                0 => (0, 0, r.flags),
+                _ => (1, consts[l - 1].s_down, r.flags + l - 1),
+            };
+            rec.row(
+                Entry::Residual,
+                t,
+                &[
+                    u(h),
+                    eps,
+                    u(rw(h)),
+                    add,
+                    u(r.x),
+                    0,
+                    u(r.act_s),
+                    sb,
+                    1,
+                    c.in_norm,
+                    u(r.scratch),
+                    u(r.a_h),
+                    u(r.s_h),
+                    u(flag),
+                ],
+            );
+            rec.gemm(
+                name("q/k/v projection"),
+                r.a_h,
+                t,
+                h,
+                Rhs::Weights(layer.qkv),
+                w,
+                0,
+            );
+            let (kq0, kf0) = (l * kq_stride, l * kf_stride);
+            rec.row(
+                Entry::QkvRope,
+                t,
+                &[
+                    u(heads),
+                    u(g),
+                    u(hd),
+                    u32::from(c.bias.is_some()),
+                    u(rw(hd)),
+                    0,
+                    u(r.s_h),
+                    c.s_qkv,
+                    c.bias.unwrap_or(0),
+                    u(r.cos),
+                    u(r.scratch),
+                    u(r.q),
+                    u(r.q_s),
+                    u(kq0),
+                    u(kf0),
+                    u(kf0 + g * cap),
+                    u(cap),
+                    u(pos0),
+                ],
+            );
+            rec.row(
+                Entry::ValuesT,
+                g * hd,
+                &[
+                    u(nk),
+                    u(hd),
+                    u(rw(nk)),
+                    u(kf0 + g * cap),
+                    u(cap),
+                    u(r.scratch),
+                    u(r.vt),
+                    u(r.vt_s),
+                ],
+            );
+            for gi in 0..g {
+                rec.gemm(
+                    name(&format!("attention scores of kv head {gi}")),
+                    r.q + gi * group * t * rw(hd),
+                    group * t,
+                    hd,
+                    Rhs::Kv(kq0 + gi * cap * rw(hd)),
+                    nk,
+                    gi * group * t * nk,
+                );
+            }
+            let window = match layer.window {
+                Some(0) => {
+                    return Err(daisy_model::Error::Invalid(format!(
+                        "layer {} has a sliding window of 0",
+                        layer.index
+                    )));
+                }
+                Some(win) => win,
+                None => 0,
+            };
+            rec.row(
+                Entry::Softmax,
+                heads * t,
+                &[
+                    u(nk),
+                    s.attn_scale.to_bits(),
+                    u(rw(nk)),
+                    u(t),
+                    u(pos0),
+                    u(window),
+                    0,
+                    u(r.q_s),
+                    u(kf0),
+                    u(group),
+                    u(cap),
+                    u(r.scratch),
+                    u(r.p),
+                    u(r.p_s),
+                ],
+            );
+            for gi in 0..g {
+                rec.gemm(
+                    name(&format!("attention values of kv head {gi}")),
+                    r.p + gi * group * t * rw(nk),
+                    group * t,
+                    nk,
+                    Rhs::Ops(r.vt + gi * hd * rw(nk)),
+                    hd,
+                    gi * group * t * hd,
+                );
+            }
+            rec.row(
+                Entry::AttnOut,
+                t,
+                &[
+                    u(heads),
+                    u(g),
+                    u(hd),
+                    u(rw(qd)),
+                    0,
+                    u(r.p_s),
+                    u(r.vt_s),
+                    u(r.scratch),
+                    u(r.attn),
+                    u(r.attn_s),
+                ],
+            );
+            rec.gemm(
+                name("attention output projection"),
+                r.attn,
+                t,
+                qd,
+                Rhs::Weights(layer.o),
+                h,
+                0,
+            );
+            rec.row(
+                Entry::Residual,
+                t,
+                &[
+                    u(h),
+                    eps,
+                    u(rw(h)),
+                    1,
+                    u(r.x),
+                    0,
+                    u(r.attn_s),
+                    c.s_o,
+                    1,
+                    c.post_norm,
+                    u(r.scratch),
+                    u(r.a_h),
+                    u(r.s_h),
+                    u(r.flags + l),
+                ],
+            );
+            rec.gemm(
+                name("gate/up projection"),
+                r.a_h,
+                t,
+                h,
+                Rhs::Weights(layer.gate_up),
+                2 * inter,
+                0,
+            );
+            rec.row(
+                Entry::Silu,
+                t,
+                &[
+                    u(inter),
+                    u(rw(inter)),
+                    0,
+                    u(r.s_h),
+                    c.s_gu,
+                    u(r.scratch),
+                    u(r.act),
+                    u(r.act_s),
+                ],
+            );
+            rec.gemm(
+                name("down projection"),
+                r.act,
+                t,
+                inter,
+                Rhs::Weights(layer.down),
+                h,
+                0,
+            );
+        }
+        if let Some(last) = consts.last() {
+            rec.row(
+                Entry::Residual,
+                t,
+                &[
+                    u(h),
+                    eps,
+                    u(rw(h)),
+                    1,
+                    u(r.x),
+                    0,
+                    u(r.act_s),
+                    last.s_down,
+                    0,
+                    0,
+                    0,
+                    0,
+                    0,
+                    u(r.flags + nl - 1),
+                ],
+            );
+        }
+
+        // Uniforms, bind groups.
+        changed |= Buf::ensure(
+            &mut work.params,
+            gpu,
+            "stage parameters",
+            rec.params.len() as u64,
+            U::UNIFORM | U::COPY_DST,
+        )
+        .map_err(dev)?;
+        if changed {
+            work.weight_groups.clear();
+            work.ops_group = None;
+        }
+        let (Some(fl), Some(ops), Some(acc), Some(params), Some(readback), Some(consts_buf)) = (
+            &work.fl,
+            &work.ops,
+            &work.acc,
+            &work.params,
+            &work.readback,
+            &work.consts,
+        ) else {
+            unreachable!("every buffer is ensured above")
+        };
+        let (Some(kq), Some(kf)) = (&kv.kq, &kv.kf) else {
+            unreachable!("the cache is ensured above")
+        };
+        let uniform = |size| wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &params.buffer,
+                offset: 0,
+                size: std::num::NonZeroU64::new(size),
+            }),
+        };
+        let gemm_group = |b: &wgpu::Buffer| {
+            gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("stage gemm"),
+                layout: Grid::layout(&self.pipes.gemm),
+                entries: &[
+                    uniform(DIMS_BYTES),
+                    whole(1, &ops.buffer),
+                    whole(2, b),
+                    whole(3, &acc.buffer),
+                ],
+            })
+        };
+        for layer in layers {
+            for wt in [layer.qkv, layer.o, layer.gate_up, layer.down] {
+                if let std::collections::hash_map::Entry::Vacant(slot) =
+                    work.weight_groups.entry(wt.id())
+                {
+                    let resident = backend.weights_for(wt).map_err(dev)?;
+                    slot.insert(gemm_group(&resident.buffer));
+                }
+            }
+        }
+        if work.ops_group.is_none() {
+            work.ops_group = Some(gemm_group(&ops.buffer));
+        }
+        let kv_group = gemm_group(kq);
+        let row_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("stage rows"),
+            layout: &self.pipes.layout,
+            entries: &[
+                uniform(L_BYTES),
+                whole(1, &acc.buffer),
+                whole(2, &consts_buf.buffer),
+                whole(3, &fl.buffer),
+                whole(4, &ops.buffer),
+                whole(5, kq),
+                whole(6, kf),
+            ],
+        });
+
+        // Uploads: the rows, zero flags, RoPE's tables, the gather table, the parameters.
+        let q = &gpu.queue;
+        let wb = |at: usize| (at * 4) as u64;
+        q.write_buffer(&fl.buffer, wb(r.x), bytemuck::cast_slice(x));
+        q.write_buffer(
+            &fl.buffer,
+            wb(r.flags),
+            bytemuck::cast_slice(&vec![0u32; nl.max(1)]),
+        );
+        let mut tables = vec![0f32; 2 * t * half];
+        let (cos, sin) = tables.split_at_mut(t * half);
+        for (row, (c, s)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
+            daisy_model::rope_cos_sin(pos0 + row, &inv_freq[..half], c, s);
+        }
+        q.write_buffer(&fl.buffer, wb(r.cos), bytemuck::cast_slice(&tables));
+        let gtab: Vec<u32> = rec.gather.iter().flatten().copied().collect();
+        if !gtab.is_empty() {
+            q.write_buffer(&fl.buffer, wb(r.gtab), bytemuck::cast_slice(&gtab));
+        }
+        q.write_buffer(&params.buffer, 0, &rec.params);
+
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("stage"),
+            });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("stage"),
+                timestamp_writes: None,
+            });
+            for cmd in &rec.cmds {
+                match cmd {
+                    Cmd::Row {
+                        entry,
+                        slot,
+                        groups,
+                    } => {
+                        pass.set_pipeline(&self.pipes.rows[entry]);
+                        pass.set_bind_group(0, &row_group, &[*slot]);
+                        pass.dispatch_workgroups(groups.0, groups.1, 1);
+                    }
+                    Cmd::Gemm { group, slot, grid } => {
+                        let bind = match group {
+                            GemmGroup::Weights(id) => &work.weight_groups[id],
+                            GemmGroup::Ops => match &work.ops_group {
+                                Some(g) => g,
+                                None => unreachable!("made above"),
+                            },
+                            GemmGroup::Kv => &kv_group,
+                        };
+                        pass.set_pipeline(grid.entry(&self.pipes.gemm));
+                        pass.set_bind_group(0, bind, &[*slot]);
+                        let (gx, gy, gz) = grid.groups;
+                        pass.dispatch_workgroups(gx, gy, gz);
+                    }
+                }
+            }
+        }
+        let read_bytes = wb(r.audit + rec.audit_words - r.x);
+        encoder.copy_buffer_to_buffer(&fl.buffer, wb(r.x), &readback.buffer, 0, read_bytes);
+        let submission = q.submit([encoder.finish()]);
+        let submitted = Instant::now();
+        let slice = readback.buffer.slice(0..read_bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |m| {
+            let _ = tx.send(m);
+        });
+        let mapped = wait_mapped(gpu, submission, &rx).map_err(|reason| {
+            dev(Error::ReadBack {
+                adapter: gpu.adapter_name(),
+                reason,
+            })
+        })?;
+        gpu.take_error().map_err(dev)?;
+        mapped.map_err(|e| {
+            dev(Error::ReadBack {
+                adapter: gpu.adapter_name(),
+                reason: e.to_string(),
+            })
+        })?;
+        let done = Instant::now();
+        let checked = {
+            let view = slice.get_mapped_range().map_err(|e| {
+                dev(Error::ReadBack {
+                    adapter: gpu.adapter_name(),
+                    reason: e.to_string(),
+                })
+            })?;
+            let words: &[u32] = bytemuck::cast_slice(&view);
+            let rel = |at: usize| at - r.x;
+            for (xv, wv) in x.iter_mut().zip(&words[rel(r.x)..rel(r.x) + t * h]) {
+                *xv = f32::from_bits(*wv);
+            }
+            let flags = &words[rel(r.flags)..rel(r.flags) + nl];
+            let audit = &words[rel(r.audit)..];
+            check(&self.backend.name(), layers, flags, audit, &rec.audits)
+        };
+        readback.buffer.unmap();
+        checked?;
+        kv.len = nk;
+        backend.profile_add(
+            rec.dispatches.0 + rec.dispatches.1,
+            rec.dispatches.0,
+            ((x.len() * 4) as u64, read_bytes),
+            [
+                submitted - start,
+                submitted - start,
+                done - submitted,
+                done.elapsed(),
+            ],
+        );
+        Ok(())
+    }
+}
+
+/// The flags and audits a pass read back: the first layer that made a non-finite value, or the
+/// first audited cell that differs from the scalar reference, refused by name.
+fn check(
+    backend: &str,
+    layers: &[LlamaLayer<'_>],
+    flags: &[u32],
+    audit: &[u32],
+    audits: &[Audit<'_>],
+) -> std::result::Result<(), daisy_model::Error> {
+    if let Some((layer, bits)) = layers.iter().zip(flags).find(|(_, f)| **f != 0) {
+        return Err(daisy_model::Error::NonFinite {
+            place: format!("layer {}", layer.index),
+            value: f32::from_bits(*bits),
+        });
+    }
+    let bytes: &[u8] = bytemuck::cast_slice(audit);
+    let i8s =
+        |at: usize, len: usize| -> &[i8] { bytemuck::cast_slice(&bytes[at * 4..at * 4 + len]) };
+    let mut b_row = Vec::new();
+    for a in audits {
+        let rk = rw(a.k);
+        let accs = a.at + 2 * rk;
+        let mut run = accs;
+        let b0 = accs + 2 * (a.cols[0].1 + a.cols[1].1);
+        for (ri, &row) in a.rows.iter().enumerate() {
+            let a_row = i8s(a.at + ri * rk, a.k);
+            let mut b_block = b0;
+            for &(start, width) in &a.cols {
+                for j in 0..width {
+                    let b = match a.b {
+                        AuditB::Weights(wt) => {
+                            b_row.resize(a.k, 0);
+                            wt.write_row(start + j, &mut b_row);
+                            &b_row[..]
+                        }
+                        AuditB::Rows => i8s(b_block + j * rk, a.k),
+                    };
+                    let expected = reference_cell(a_row, b);
+                    let got = audit[run + j] as i32;
+                    if got != expected {
+                        return Err(model_err(
+                            &a.what,
+                            format!(
+                                "audit of backend {backend} failed at row {row}, column {}: got {got}, expected {expected}",
+                                start + j
+                            ),
+                        ));
+                    }
+                }
+                run += width;
+                b_block += width * rk;
+            }
+        }
+        let _ = a.n;
+    }
+    Ok(())
+}
+
+impl DeviceLayers for GpuLayers {
+    fn name(&self) -> String {
+        self.backend.name()
+    }
+
+    fn forward(
+        &self,
+        shape: &LayerShape,
+        layers: &[LlamaLayer<'_>],
+        inv_freq: &[f32],
+        x: &mut [f32],
+        rows: usize,
+        pos0: usize,
+        kv: Option<&mut dyn DeviceKv>,
+    ) -> std::result::Result<(), daisy_model::Error> {
+        if rows == 0 || layers.is_empty() {
+            return Ok(());
+        }
+        if x.len() != rows * shape.hidden {
+            return Err(daisy_model::Error::Activation {
+                got: x.len() / rows,
+                pos: pos0,
+                expected: shape.hidden,
+                want_pos: pos0,
+            });
+        }
+        match kv {
+            Some(kv) => {
+                let Some(kv) = kv.as_any_mut().downcast_mut::<GpuKv>() else {
+                    return Err(daisy_model::Error::Invalid(format!(
+                        "a KV cache of another device for {}",
+                        self.name()
+                    )));
+                };
+                if kv.len != pos0 {
+                    return Err(daisy_model::Error::Activation {
+                        got: rows,
+                        pos: pos0,
+                        expected: rows,
+                        want_pos: kv.len,
+                    });
+                }
+                if kv.layers != layers.len() {
+                    return Err(daisy_model::Error::Invalid(format!(
+                        "cache of {} layers for a stage of {}",
+                        kv.layers,
+                        layers.len()
+                    )));
+                }
+                self.run(shape, layers, inv_freq, x, rows, pos0, kv)
+            }
+            None => {
+                if pos0 != 0 {
+                    return Err(daisy_model::Error::Invalid(format!(
+                        "full-window attention starts at position 0, got {pos0}"
+                    )));
+                }
+                let mut local = GpuKv::new(layers.len());
+                self.run(shape, layers, inv_freq, x, rows, 0, &mut local)
+            }
+        }
+    }
+
+    fn new_kv(&self, layers: usize) -> Box<dyn DeviceKv> {
+        Box::new(GpuKv::new(layers))
+    }
+}
