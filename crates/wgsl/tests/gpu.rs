@@ -251,8 +251,8 @@ fn f32_accumulator() -> Kernel {
     swaps.push(("+= dot16(".into(), "+= f32(dot16(".into()));
     swaps.push(("w0); }".into(), "w0)); }".into()));
     swaps.push(("w1); }".into(), "w1)); }".into()));
-    swaps.push(("[q], w0);".into(), "[q], w0));".into()));
-    swaps.push(("[q1], w1);".into(), "[q1], w1));".into()));
+    swaps.push(("a0 + q], w0);".into(), "a0 + q], w0));".into()));
+    swaps.push(("a0 + q1], w1);".into(), "a0 + q1], w1));".into()));
     for r in 0..16 {
         let v = format!("s{}.{}", r / 4, ["x", "y", "z", "w"][r % 4]);
         swaps.push((
