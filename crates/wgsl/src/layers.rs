@@ -442,6 +442,8 @@ struct Recorder<'a> {
     /// (source: 0 acc, 1 ops, 2 kq; source word; destination word in `fl`; words).
     gather: Vec<[u32; 4]>,
     audit_words: usize,
+    /// The first gather segment not yet dispatched.
+    pending: usize,
     /// Where the audit region and the gather table start in `fl`.
     audit0: usize,
     gtab0: usize,
@@ -523,7 +525,6 @@ impl<'a> Recorder<'a> {
             (start, AUDIT_BLOCK.min(n - start))
         });
         let at = self.audit_words;
-        let first = self.gather.len();
         let mut dst = self.audit0 + at;
         let mut seg = |src: u32, from: usize, words: usize, gather: &mut Vec<[u32; 4]>| {
             gather.push([src, from as u32, dst as u32, words as u32]);
@@ -548,8 +549,6 @@ impl<'a> Recorder<'a> {
             }
         };
         self.audit_words = dst - self.audit0;
-        let segments = self.gather.len() - first;
-        self.row(Entry::Gather, segments, &[(self.gtab0 + 4 * first) as u32]);
         self.audits.push(Audit {
             what,
             n,
@@ -559,6 +558,18 @@ impl<'a> Recorder<'a> {
             at,
             b: audit_b,
         });
+    }
+}
+
+impl Recorder<'_> {
+    /// One gather dispatch for every audit segment recorded since the last.
+    fn flush_audit(&mut self) {
+        let segments = self.gather.len() - self.pending;
+        if segments > 0 {
+            let table = (self.gtab0 + 4 * self.pending) as u32;
+            self.row(Entry::Gather, segments, &[table]);
+            self.pending = self.gather.len();
+        }
     }
 }
 
@@ -575,7 +586,8 @@ struct Regions {
     audit: usize,
     gtab: usize,
     cos: usize,
-    s_h: usize,
+    s_in: usize,
+    s_post: usize,
     q_s: usize,
     vt_s: usize,
     p_s: usize,
@@ -584,14 +596,21 @@ struct Regions {
     scratch: usize,
     fl: usize,
     // ops
-    a_h: usize,
+    a_in: usize,
+    a_post: usize,
     q: usize,
     vt: usize,
     p: usize,
     attn: usize,
     act: usize,
     ops: usize,
-    // acc
+    // acc: each product of a layer its own
+    acc_qkv: usize,
+    acc_scores: usize,
+    acc_values: usize,
+    acc_o: usize,
+    acc_gu: usize,
+    acc_down: usize,
     acc: usize,
 }
 
@@ -621,7 +640,8 @@ impl Regions {
         let audit = f.take(layers * per_layer);
         let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
         let cos = f.take(t * hd);
-        let s_h = f.take(t);
+        let s_in = f.take(t);
+        let s_post = f.take(t);
         let q_s = f.take(heads * t);
         let vt_s = f.take(g * hd);
         let p_s = f.take(heads * t);
@@ -641,23 +661,28 @@ impl Regions {
             .unwrap_or(0),
         );
         let mut o = Cursor(0);
-        let a_h = o.take(t * rw(h));
+        let a_in = o.take(t * rw(h));
+        let a_post = o.take(t * rw(h));
         let q = o.take(heads * t * rw(hd));
         let vt = o.take(g * hd * rw(nk));
         let p = o.take(heads * t * rw(nk));
         let attn = o.take(t * rw(qd));
         let act = o.take(t * rw(i));
-        let acc = [t * w, heads * t * nk, heads * t * hd, t * h, t * 2 * i]
-            .into_iter()
-            .max()
-            .unwrap_or(0);
+        let mut a = Cursor(0);
+        let acc_qkv = a.take(t * w);
+        let acc_scores = a.take(heads * t * nk);
+        let acc_values = a.take(heads * t * hd);
+        let acc_o = a.take(t * h);
+        let acc_gu = a.take(t * 2 * i);
+        let acc_down = a.take(t * h);
         Regions {
             x,
             flags,
             audit,
             gtab,
             cos,
-            s_h,
+            s_in,
+            s_post,
             q_s,
             vt_s,
             p_s,
@@ -665,14 +690,21 @@ impl Regions {
             act_s,
             scratch,
             fl: f.0,
-            a_h,
+            a_in,
+            a_post,
             q,
             vt,
             p,
             attn,
             act,
             ops: o.0,
-            acc,
+            acc_qkv,
+            acc_scores,
+            acc_values,
+            acc_o,
+            acc_gu,
+            acc_down,
+            acc: a.0,
         }
     }
 }
@@ -682,6 +714,114 @@ fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
         binding,
         resource: b.as_entire_binding(),
     }
+}
+
+/// Where a pass's operands lie: its regions, rows, positions and the KV cache's layout.
+struct Placement<'a> {
+    r: &'a Regions,
+    t: usize,
+    pos0: usize,
+    nk: usize,
+    cap: usize,
+    kq_stride: usize,
+    kf_stride: usize,
+}
+
+/// Records every layer of a pass: each product's GEMM dispatch between the row kernels, the
+/// layer's audit gathered once at its end, and the last residual addition. The row kernels'
+/// parameters are positional (`layer.wgsl` names them p0, p1, ... in each kernel's comment).
+#[rustfmt::skip]
+fn record<'a>(
+    rec: &mut Recorder<'a>,
+    s: &LayerShape,
+    layers: &[LlamaLayer<'a>],
+    consts: &[LayerConsts],
+    at: &Placement<'_>,
+) -> std::result::Result<(), daisy_model::Error> {
+    let Placement { r, t, pos0, nk, cap, kq_stride, kf_stride } = *at;
+    let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
+    let (group, qd) = (heads / g, heads * hd);
+    let w = qd + 2 * g * hd;
+    let u = |v: usize| v as u32;
+    let eps = s.eps.to_bits();
+    for (l, (layer, c)) in layers.iter().zip(consts).enumerate() {
+        let name = |what: &str| format!("layer {} {what}", layer.index);
+        let window = match layer.window {
+            Some(0) => {
+                return Err(daisy_model::Error::Invalid(format!(
+                    "layer {} has a sliding window of 0",
+                    layer.index
+                )));
+            }
+            Some(win) => win,
+            None => 0,
+        };
+        // The previous layer's down product added (none before the first), the input norm, the
+        // q/k/v operand.
+        let (add, sb, flag) = match l {
+            0 => (0, 0, r.flags),
+            _ => (1, consts[l - 1].s_down, r.flags + l - 1),
+        };
+        rec.row(Entry::Residual, t, &[
+            u(h), eps, u(rw(h)), add, u(r.x), u(r.acc_down), u(r.act_s), sb, 1, c.in_norm,
+            u(r.scratch), u(r.a_in), u(r.s_in), u(flag),
+        ]);
+        rec.gemm(name("q/k/v projection"), r.a_in, t, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
+        let (kq0, kf0) = (l * kq_stride, l * kf_stride);
+        rec.row(Entry::QkvRope, t, &[
+            u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv),
+            u(r.s_in), c.s_qkv, c.bias.unwrap_or(0), u(r.cos), u(r.scratch), u(r.q), u(r.q_s),
+            u(kq0), u(kf0), u(kf0 + g * cap), u(cap), u(pos0),
+        ]);
+        rec.row(Entry::ValuesT, g * hd, &[
+            u(nk), u(hd), u(rw(nk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(r.vt), u(r.vt_s),
+        ]);
+        for gi in 0..g {
+            rec.gemm(
+                name(&format!("attention scores of kv head {gi}")),
+                r.q + gi * group * t * rw(hd), group * t, hd,
+                Rhs::Kv(kq0 + gi * cap * rw(hd)), nk,
+                r.acc_scores + gi * group * t * nk,
+            );
+        }
+        rec.row(Entry::Softmax, heads * t, &[
+            u(nk), s.attn_scale.to_bits(), u(rw(nk)), u(t), u(pos0), u(window), u(r.acc_scores),
+            u(r.q_s), u(kf0), u(group), u(cap), u(r.scratch), u(r.p), u(r.p_s),
+        ]);
+        for gi in 0..g {
+            rec.gemm(
+                name(&format!("attention values of kv head {gi}")),
+                r.p + gi * group * t * rw(nk), group * t, nk,
+                Rhs::Ops(r.vt + gi * hd * rw(nk)), hd,
+                r.acc_values + gi * group * t * hd,
+            );
+        }
+        rec.row(Entry::AttnOut, t, &[
+            u(heads), u(g), u(hd), u(rw(qd)), u(r.acc_values), u(r.p_s), u(r.vt_s), u(r.scratch),
+            u(r.attn), u(r.attn_s),
+        ]);
+        rec.gemm(name("attention output projection"), r.attn, t, qd, Rhs::Weights(layer.o), h, r.acc_o);
+        rec.row(Entry::Residual, t, &[
+            u(h), eps, u(rw(h)), 1, u(r.x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
+            u(r.scratch), u(r.a_post), u(r.s_post), u(r.flags + l),
+        ]);
+        rec.gemm(name("gate/up projection"), r.a_post, t, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
+        rec.row(Entry::Silu, t, &[
+            u(inter), u(rw(inter)), u(r.acc_gu), u(r.s_post), c.s_gu, u(r.scratch), u(r.act),
+            u(r.act_s),
+        ]);
+        rec.gemm(name("down projection"), r.act, t, inter, Rhs::Weights(layer.down), h, r.acc_down);
+        // Every product of the layer has its own operands and accumulators until the next
+        // layer writes them: one gather for all of their audits.
+        rec.flush_audit();
+    }
+    if let Some(last) = consts.last() {
+        rec.row(Entry::Residual, t, &[
+            u(h), eps, u(rw(h)), 1, u(r.x), u(r.acc_down), u(r.act_s), last.s_down, 0, 0, 0, 0, 0,
+            u(r.flags + layers.len() - 1),
+        ]);
+    }
+    Ok(())
 }
 
 /// A stage's Llama-family layers on the GPU of a [`GpuBackend`] (the device that runs the
@@ -767,14 +907,13 @@ impl GpuLayers {
         let gpu = backend.gpu();
         let dev = |e: Error| model_err("the GPU stage", e);
         let start = Instant::now();
-        let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
+        let (h, hd, heads, g) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
         if heads == 0 || g == 0 || heads % g != 0 || hd % 2 != 0 {
             return Err(daisy_model::Error::Invalid(format!(
                 "{heads} heads over {g} kv heads of {hd}: the GPU stage needs whole groups and an even head size"
             )));
         }
-        let (group, qd, half) = (heads / g, heads * hd, hd / 2);
-        let w = qd + 2 * g * hd;
+        let half = hd / 2;
         let nk = pos0 + t;
         let nl = layers.len();
         kv.ensure(gpu, g, hd, nk).map_err(dev)?;
@@ -829,6 +968,7 @@ impl GpuLayers {
             audits: Vec::new(),
             gather: Vec::new(),
             audit_words: 0,
+            pending: 0,
             audit0: r.audit,
             gtab0: r.gtab,
             seed: splitmix(&mut seed),
@@ -839,236 +979,16 @@ impl GpuLayers {
             Some(c) => &c.layers,
             None => unreachable!("placed just above"),
         };
-        let u = |v: usize| v as u32;
-        let eps = s.eps.to_bits();
-        for (l, (layer, c)) in layers.iter().zip(consts).enumerate() {
-            let name = |what: &str| format!("layer {} {what}", layer.index);
-            // The residual of the previous layer's down product (none before the first), the
-            // input norm, the q/k/v operand.
-            let (add, sb, flag) = match l {
-                0 => (0, 0, r.flags),
-                _ => (1, consts[l - 1].s_down, r.flags + l - 1),
-            };
-            rec.row(
-                Entry::Residual,
-                t,
-                &[
-                    u(h),
-                    eps,
-                    u(rw(h)),
-                    add,
-                    u(r.x),
-                    0,
-                    u(r.act_s),
-                    sb,
-                    1,
-                    c.in_norm,
-                    u(r.scratch),
-                    u(r.a_h),
-                    u(r.s_h),
-                    u(flag),
-                ],
-            );
-            rec.gemm(
-                name("q/k/v projection"),
-                r.a_h,
-                t,
-                h,
-                Rhs::Weights(layer.qkv),
-                w,
-                0,
-            );
-            let (kq0, kf0) = (l * kq_stride, l * kf_stride);
-            rec.row(
-                Entry::QkvRope,
-                t,
-                &[
-                    u(heads),
-                    u(g),
-                    u(hd),
-                    u32::from(c.bias.is_some()),
-                    u(rw(hd)),
-                    0,
-                    u(r.s_h),
-                    c.s_qkv,
-                    c.bias.unwrap_or(0),
-                    u(r.cos),
-                    u(r.scratch),
-                    u(r.q),
-                    u(r.q_s),
-                    u(kq0),
-                    u(kf0),
-                    u(kf0 + g * cap),
-                    u(cap),
-                    u(pos0),
-                ],
-            );
-            rec.row(
-                Entry::ValuesT,
-                g * hd,
-                &[
-                    u(nk),
-                    u(hd),
-                    u(rw(nk)),
-                    u(kf0 + g * cap),
-                    u(cap),
-                    u(r.scratch),
-                    u(r.vt),
-                    u(r.vt_s),
-                ],
-            );
-            for gi in 0..g {
-                rec.gemm(
-                    name(&format!("attention scores of kv head {gi}")),
-                    r.q + gi * group * t * rw(hd),
-                    group * t,
-                    hd,
-                    Rhs::Kv(kq0 + gi * cap * rw(hd)),
-                    nk,
-                    gi * group * t * nk,
-                );
-            }
-            let window = match layer.window {
-                Some(0) => {
-                    return Err(daisy_model::Error::Invalid(format!(
-                        "layer {} has a sliding window of 0",
-                        layer.index
-                    )));
-                }
-                Some(win) => win,
-                None => 0,
-            };
-            rec.row(
-                Entry::Softmax,
-                heads * t,
-                &[
-                    u(nk),
-                    s.attn_scale.to_bits(),
-                    u(rw(nk)),
-                    u(t),
-                    u(pos0),
-                    u(window),
-                    0,
-                    u(r.q_s),
-                    u(kf0),
-                    u(group),
-                    u(cap),
-                    u(r.scratch),
-                    u(r.p),
-                    u(r.p_s),
-                ],
-            );
-            for gi in 0..g {
-                rec.gemm(
-                    name(&format!("attention values of kv head {gi}")),
-                    r.p + gi * group * t * rw(nk),
-                    group * t,
-                    nk,
-                    Rhs::Ops(r.vt + gi * hd * rw(nk)),
-                    hd,
-                    gi * group * t * hd,
-                );
-            }
-            rec.row(
-                Entry::AttnOut,
-                t,
-                &[
-                    u(heads),
-                    u(g),
-                    u(hd),
-                    u(rw(qd)),
-                    0,
-                    u(r.p_s),
-                    u(r.vt_s),
-                    u(r.scratch),
-                    u(r.attn),
-                    u(r.attn_s),
-                ],
-            );
-            rec.gemm(
-                name("attention output projection"),
-                r.attn,
-                t,
-                qd,
-                Rhs::Weights(layer.o),
-                h,
-                0,
-            );
-            rec.row(
-                Entry::Residual,
-                t,
-                &[
-                    u(h),
-                    eps,
-                    u(rw(h)),
-                    1,
-                    u(r.x),
-                    0,
-                    u(r.attn_s),
-                    c.s_o,
-                    1,
-                    c.post_norm,
-                    u(r.scratch),
-                    u(r.a_h),
-                    u(r.s_h),
-                    u(r.flags + l),
-                ],
-            );
-            rec.gemm(
-                name("gate/up projection"),
-                r.a_h,
-                t,
-                h,
-                Rhs::Weights(layer.gate_up),
-                2 * inter,
-                0,
-            );
-            rec.row(
-                Entry::Silu,
-                t,
-                &[
-                    u(inter),
-                    u(rw(inter)),
-                    0,
-                    u(r.s_h),
-                    c.s_gu,
-                    u(r.scratch),
-                    u(r.act),
-                    u(r.act_s),
-                ],
-            );
-            rec.gemm(
-                name("down projection"),
-                r.act,
-                t,
-                inter,
-                Rhs::Weights(layer.down),
-                h,
-                0,
-            );
-        }
-        if let Some(last) = consts.last() {
-            rec.row(
-                Entry::Residual,
-                t,
-                &[
-                    u(h),
-                    eps,
-                    u(rw(h)),
-                    1,
-                    u(r.x),
-                    0,
-                    u(r.act_s),
-                    last.s_down,
-                    0,
-                    0,
-                    0,
-                    0,
-                    0,
-                    u(r.flags + nl - 1),
-                ],
-            );
-        }
+        let at = Placement {
+            r: &r,
+            t,
+            pos0,
+            nk,
+            cap,
+            kq_stride,
+            kf_stride,
+        };
+        record(&mut rec, s, layers, consts, &at)?;
 
         // Uniforms, bind groups.
         changed |= Buf::ensure(

@@ -1,12 +1,14 @@
 //! The verified INT8 GEMM on WebGPU through `wgpu`, gated bit for bit against `daisy-gemm-int8`.
 //!
-//! The GPU computes only the integer part of DESIGN §3: `acc = Σ qa · qb` in i32, int8 packed four
+//! As a GEMM backend the GPU computes the integer part of DESIGN §3: `acc = Σ qa · qb` in i32, int8 packed four
 //! to a u32 (rows padded to 64 bytes), `dot4I8Packed` where the instance implements WGSL's `packed_4x8_integer_dot_product`
-//! extension and shift-and-sign-extend otherwise. Dequantization stays on the CPU in
-//! `daisy-gemm-int8`, because WGSL's float conversions and multiplies may round either way or flush
-//! subnormals. A backend is only handed out after its gates pass. `FloatLab` (`floats.wgsl`) is
-//! the first piece of float work on the device: the contract's f64 steps in a form that gives the
-//! CPU's bits on drivers that fuse, reassociate and flush (docs/gpu.md).
+//! extension and shift-and-sign-extend otherwise. As a `Backend` it returns accumulators and the
+//! shared code in `daisy-gemm-int8` dequantizes them on the CPU. `GpuLayers` goes further where the
+//! device has 64-bit floats in shaders: a stage's Llama-family layers run whole on the device, the
+//! work between the products done by row kernels that give the CPU's bits (`floats.wgsl`: the
+//! contract's f64 steps in a form that survives drivers that fuse, reassociate and flush;
+//! `layer.wgsl`), every product still audited on the CPU (docs/gpu.md). A backend is only handed
+//! out after its gates pass.
 //!
 //! The adapter comes from the environment: `WGPU_BACKEND` (e.g. `vulkan`), `WGPU_ADAPTER_NAME`
 //! (a case-insensitive substring of the adapter name) and `WGPU_POWER_PREF`. `DAISY_GPU_CPU_BELOW`
