@@ -388,14 +388,13 @@ impl GpuKv {
 enum AuditB<'a> {
     /// Resident weights: the CPU holds the same rows.
     Weights(&'a PackedWeights),
-    /// Gathered with the rest, at this word of the audit region (rows of `rw(k)` words).
+    /// Gathered with the rest, after the accumulators (rows of `rw(k)` words).
     Rows,
 }
 
 /// One product's audit: the cells of rows `rows` and columns `cols` (start, width), gathered.
 struct Audit<'a> {
     what: String,
-    n: usize,
     k: usize,
     rows: [usize; 2],
     cols: [(usize, usize); 2],
@@ -551,7 +550,6 @@ impl<'a> Recorder<'a> {
         self.audit_words = dst - self.audit0;
         self.audits.push(Audit {
             what,
-            n,
             k,
             rows,
             cols,
@@ -1237,7 +1235,6 @@ fn check(
                 b_block += width * rk;
             }
         }
-        let _ = a.n;
     }
     Ok(())
 }
