@@ -45,6 +45,56 @@ struct L {
 
 var<workgroup> wg_u: u32;
 var<workgroup> wg_max: array<u32, 256>;
+// A tile of a row staged for the one thread that adds it in order.
+var<workgroup> wg_tile: array<u32, 2048>;
+
+// The f64 sum, left to right (the contract's order), of fl[base + j] (or of its square) for j in
+// [lo, hi). The row goes through workgroup memory a tile at a time, loaded by every thread, so the
+// thread that adds (thread 0, where the result is valid) reads at workgroup-memory latency, eight
+// values ahead of its additions. Each square is exact in f64, so a fused multiply-add rounds only
+// the addition. Called by every thread of the workgroup.
+fn ordered_sum(base: u32, lo: u32, hi: u32, squares: bool, li: u32) -> f64 {
+    var sum = 0.0lf;
+    for (var t0 = lo; t0 < hi; t0 = t0 + 2048u) {
+        let n = min(2048u, hi - t0);
+        workgroupBarrier();
+        for (var i = li; i < n; i = i + 256u) {
+            wg_tile[i] = fl[base + t0 + i];
+        }
+        workgroupBarrier();
+        if li == 0u {
+            var i = 0u;
+            for (; i + 8u <= n; i = i + 8u) {
+                var v = array<f64, 8>(
+                    widen(wg_tile[i]), widen(wg_tile[i + 1u]), widen(wg_tile[i + 2u]),
+                    widen(wg_tile[i + 3u]), widen(wg_tile[i + 4u]), widen(wg_tile[i + 5u]),
+                    widen(wg_tile[i + 6u]), widen(wg_tile[i + 7u]),
+                );
+                if squares {
+                    for (var k = 0u; k < 8u; k = k + 1u) {
+                        v[k] = v[k] * v[k];
+                    }
+                }
+                sum = sum + v[0];
+                sum = sum + v[1];
+                sum = sum + v[2];
+                sum = sum + v[3];
+                sum = sum + v[4];
+                sum = sum + v[5];
+                sum = sum + v[6];
+                sum = sum + v[7];
+            }
+            for (; i < n; i = i + 1u) {
+                var v = widen(wg_tile[i]);
+                if squares {
+                    v = v * v;
+                }
+                sum = sum + v;
+            }
+        }
+    }
+    return sum;
+}
 
 // The row a workgroup owns (dispatches fold rows past 65535 into y).
 fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -147,14 +197,8 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
         return;
     }
     storageBarrier();
-    workgroupBarrier();
+    let sum = ordered_sum(row, 0u, h, true, li);
     if li == 0u {
-        var sum = 0.0lf;
-        for (var j = 0u; j < h; j = j + 1u) {
-            let v = widen(fl[row + j]);
-            // v * v is exact in f64: fused or not, one rounding (the addition's).
-            sum = sum + v * v;
-        }
         let ms = div_rn(sum, f64(h));
         wg_u = narrow(div_rn(1.0lf, sqrt_rn(ms + widen(P.p1))));
     }
@@ -356,12 +400,8 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         fl[row + j] = e;
     }
     storageBarrier();
-    workgroupBarrier();
+    let sum = ordered_sum(row, lo, hi, false, li);
     if li == 0u && live {
-        var sum = 0.0lf;
-        for (var j = lo; j < hi; j = j + 1u) {
-            sum = sum + widen(fl[row + j]);
-        }
         wg_u = narrow(div_rn(1.0lf, sum));
     }
     workgroupBarrier();

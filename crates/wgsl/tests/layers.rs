@@ -237,11 +237,8 @@ fn mutant_row_kernels_change_the_bits() {
             "if P.p3 == 1u {\n            c = narrow",
             "if false {\n            c = narrow",
         ),
-        // The softmax's sum in f32.
-        (
-            "sum = sum + widen(fl[row + j]);",
-            "sum = widen(narrow(sum + widen(fl[row + j])));",
-        ),
+        // The ordered sums (RMSNorm's, the softmax's) rounded to f32.
+        ("sum = sum + v[0];", "sum = widen(narrow(sum + v[0]));"),
     ];
     let ckpt = Checkpoint::open(&format!("{ROOT}/fixtures/tiny/qwen2")).unwrap();
     let vocab = ckpt.config().vocab_size;
