@@ -32,8 +32,9 @@ const SLOT: u64 = 256;
 const L_BYTES: u64 = 80;
 /// Words every region starts on (a vec4 word for the GEMM kernel, 256 bytes in all).
 const ALIGN_WORDS: usize = 64;
-/// Columns of one audited block.
-const AUDIT_BLOCK: usize = 16;
+/// Columns of one audited block: two blocks and two rows give 16 cells a product, as many as the
+/// CPU path's audit (`daisy_gemm_int8::AUDIT_CELLS`); each column's B row is read once.
+const AUDIT_BLOCK: usize = 4;
 /// Segments a product's audit gathers at most (two A rows, four accumulator runs, two B blocks).
 const AUDIT_SEGMENTS: usize = 8;
 
@@ -1204,23 +1205,24 @@ fn check(
     for a in audits {
         let rk = rw(a.k);
         let accs = a.at + 2 * rk;
-        let mut run = accs;
-        let b0 = accs + 2 * (a.cols[0].1 + a.cols[1].1);
-        for (ri, &row) in a.rows.iter().enumerate() {
-            let a_row = i8s(a.at + ri * rk, a.k);
-            let mut b_block = b0;
-            for &(start, width) in &a.cols {
-                for j in 0..width {
-                    let b = match a.b {
-                        AuditB::Weights(wt) => {
-                            b_row.resize(a.k, 0);
-                            wt.write_row(start + j, &mut b_row);
-                            &b_row[..]
-                        }
-                        AuditB::Rows => i8s(b_block + j * rk, a.k),
-                    };
-                    let expected = reference_cell(a_row, b);
-                    let got = audit[run + j] as i32;
+        let [(s0, w0), (s1, w1)] = a.cols;
+        let b0 = accs + 2 * (w0 + w1);
+        // The accumulators were gathered row by row, block by block; B block by block.
+        for (bi, (start, width)) in [(s0, w0), (s1, w1)].into_iter().enumerate() {
+            let run0 = accs + if bi == 0 { 0 } else { w0 };
+            let block0 = b0 + if bi == 0 { 0 } else { w0 * rk };
+            for j in 0..width {
+                let b = match a.b {
+                    AuditB::Weights(wt) => {
+                        b_row.resize(a.k, 0);
+                        wt.write_row(start + j, &mut b_row);
+                        &b_row[..]
+                    }
+                    AuditB::Rows => i8s(block0 + j * rk, a.k),
+                };
+                for (ri, &row) in a.rows.iter().enumerate() {
+                    let expected = reference_cell(i8s(a.at + ri * rk, a.k), b);
+                    let got = audit[run0 + ri * (w0 + w1) + j] as i32;
                     if got != expected {
                         return Err(model_err(
                             &a.what,
@@ -1231,8 +1233,6 @@ fn check(
                         ));
                     }
                 }
-                run += width;
-                b_block += width * rk;
             }
         }
     }
