@@ -298,29 +298,8 @@ impl FloatLab {
         }
         encoder.copy_buffer_to_buffer(&out, 0, &readback, 0, bytes);
         let submission = self.gpu.queue.submit([encoder.finish()]);
-        let slice = readback.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        let read_back = |reason: String| Error::ReadBack {
-            adapter: self.gpu.adapter_name(),
-            reason,
-        };
-        device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
-            .map_err(|e| read_back(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| read_back(e.to_string()))?
-            .map_err(|e| read_back(e.to_string()))?;
-        self.gpu.take_error()?;
         let words = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| read_back(e.to_string()))?;
+            let view = crate::kernel::map_read(&self.gpu, readback.slice(..), submission)?;
             bytemuck::cast_slice::<u8, u32>(&view).to_vec()
         };
         readback.unmap();

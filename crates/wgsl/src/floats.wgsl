@@ -1,5 +1,6 @@
-// DESIGN §3.8's float operations in WGSL, in the form that gives the CPU's bits, and probes of the
-// adapter's own float arithmetic. Needs `SHADER_F64`. Every value crosses the bindings as bits
+// DESIGN §3.8's float operations in WGSL, in the form that gives the CPU's bits: the library the
+// layer kernels (`layer.wgsl`) and `FloatLab` (`lab.wgsl`, with the probes of the adapter's own
+// arithmetic) are built on. Needs `SHADER_F64`. Every value crosses the bindings as bits
 // (f32 as u32; f64 as its two u32 halves, low first), so no load or store can flush a subnormal.
 //
 // Three rules make a driver reproduce the contract:

@@ -504,7 +504,7 @@ const SPIN: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Waits until the read-back buffer's mapping (requested after `submission`) is resolved: polls
 /// the device for up to [`SPIN`], then blocks on the submission's fence.
-pub(crate) fn wait_mapped(
+fn wait_mapped(
     gpu: &Gpu,
     submission: wgpu::SubmissionIndex,
     rx: &mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
@@ -526,6 +526,30 @@ pub(crate) fn wait_mapped(
         })
         .map_err(|e| e.to_string())?;
     rx.recv().map_err(|e| e.to_string())
+}
+
+/// Maps `slice` of a read-back buffer (written by `submission`) and waits for it: the view, or
+/// the device's error.
+pub(crate) fn map_read(
+    gpu: &Gpu,
+    slice: wgpu::BufferSlice<'_>,
+    submission: wgpu::SubmissionIndex,
+) -> Result<wgpu::BufferView> {
+    let (tx, rx) = mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        // The receiver waits below; a send can only fail if it is gone, and then nobody cares.
+        let _ = tx.send(r);
+    });
+    let readback_err = |reason: String| Error::ReadBack {
+        adapter: gpu.adapter_name(),
+        reason,
+    };
+    let mapped = wait_mapped(gpu, submission, &rx).map_err(readback_err)?;
+    gpu.take_error()?;
+    mapped.map_err(|e| readback_err(e.to_string()))?;
+    slice
+        .get_mapped_range()
+        .map_err(|e| readback_err(e.to_string()))
 }
 
 /// Accumulators above this many bytes are copied out of the mapped read-back buffer by several
@@ -609,27 +633,14 @@ pub(crate) fn dispatch(
     let submitted = Instant::now();
 
     let slice = bufs.readback.slice(0..total_out);
-    let (tx, rx) = mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        // The receiver waits below; a send can only fail if it is gone, and then nobody cares.
-        let _ = tx.send(r);
-    });
-    let readback_err = |reason: String| Error::ReadBack {
-        adapter: gpu.adapter_name(),
-        reason,
-    };
-    let mapped = wait_mapped(gpu, submission, &rx).map_err(readback_err)?;
-    gpu.take_error()?;
-    mapped.map_err(|e| readback_err(e.to_string()))?;
-    let done = Instant::now();
-    {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| readback_err(e.to_string()))?;
+    let done = {
+        let view = map_read(gpu, slice, submission)?;
+        let done = Instant::now();
         for (p, out) in placed.iter().zip(outs.iter_mut()) {
             copy_out(&view[p.out as usize..(p.out + p.out_bytes) as usize], out);
         }
-    }
+        done
+    };
     bufs.readback.unmap();
     let up: u64 = jobs
         .iter()

@@ -165,6 +165,20 @@ fn pack4(y: u32, h: u32, wd: u32, q: Quant) -> u32 {
     return word;
 }
 
+// The contract's quantization of the row of h values at fl[y ..], whose max |y| every thread folded
+// into its `m`: packed into ops[q .. q + rw] (zero-padded), the scale into fl[s]. Called by every
+// thread of the workgroup after it wrote its values.
+fn store_quantized(m: u32, y: u32, h: u32, q: u32, rw: u32, s: u32, li: u32) {
+    storageBarrier();
+    let quant = row_quant(m, li);
+    if li == 0u {
+        fl[s] = row_scale(quant);
+    }
+    for (var wd = li; wd < rw; wd = wd + 256u) {
+        ops[q + wd] = pack4(y, h, wd, quant);
+    }
+}
+
 // The residual stream after a product, then (with p8 = 1) the next product's operand, one
 // workgroup a row t:
 //   x' = x + ((f32(acc) * sa) * sb)            (with p3 = 1: dequantization, then the addition)
@@ -211,14 +225,7 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
         fl[y + j] = v;
         m = max(m, v & 0x7fffffffu);
     }
-    storageBarrier();
-    let q = row_quant(m, li);
-    if li == 0u {
-        fl[P.p12 + t] = row_scale(q);
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        ops[P.p11 + t * rw + wd] = pack4(y, h, wd, q);
-    }
+    store_quantized(m, y, h, P.p11 + t * rw, rw, P.p12 + t, li);
 }
 
 // After the q/k/v product, one workgroup a token t (W = (H + 2G) * hd columns):
@@ -326,14 +333,7 @@ fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
         fl[scr + j] = v;
         m = max(m, v & 0x7fffffffu);
     }
-    storageBarrier();
-    let q = row_quant(m, li);
-    if li == 0u {
-        fl[P.p7 + r] = row_scale(q);
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        ops[P.p6 + r * rw + wd] = pack4(scr, nk, wd, q);
-    }
+    store_quantized(m, scr, nk, P.p6 + r * rw, rw, P.p7 + r, li);
 }
 
 // Attention's scores after their product, one workgroup a row r = h * T + t (query head h, token
@@ -414,14 +414,7 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             m = max(m, p & 0x7fffffffu);
         }
     }
-    storageBarrier();
-    let q = row_quant(m, li);
-    if li == 0u {
-        fl[P.p13 + r] = row_scale(q);
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        ops[P.p12 + r * rw + wd] = pack4(row, nk, wd, q);
-    }
+    store_quantized(m, row, nk, P.p12 + r * rw, rw, P.p13 + r, li);
 }
 
 // The attention output for the o product, one workgroup a token t: head h's values product
@@ -450,14 +443,7 @@ fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
         fl[y + j] = v;
         m = max(m, v & 0x7fffffffu);
     }
-    storageBarrier();
-    let q = row_quant(m, li);
-    if li == 0u {
-        fl[P.p9 + t] = row_scale(q);
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        ops[P.p8 + t * rw + wd] = pack4(y, qd, wd, q);
-    }
+    store_quantized(m, y, qd, P.p8 + t * rw, rw, P.p9 + t, li);
 }
 
 // The MLP's activation after the gate/up product, one workgroup a token t:
@@ -486,14 +472,7 @@ fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         fl[y + j] = a;
         m = max(m, a & 0x7fffffffu);
     }
-    storageBarrier();
-    let q = row_quant(m, li);
-    if li == 0u {
-        fl[P.p7 + t] = row_scale(q);
-    }
-    for (var wd = li; wd < rw; wd = wd + 256u) {
-        ops[P.p6 + t * rw + wd] = pack4(y, n, wd, q);
-    }
+    store_quantized(m, y, n, P.p6 + t * rw, rw, P.p7 + t, li);
 }
 
 // The live audit's operands (DESIGN §3.7): one workgroup a segment of the gather table in fl

@@ -21,7 +21,7 @@ use crate::backend::GpuBackend;
 use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::floats::library_source;
-use crate::kernel::{DIMS_BYTES, Grid, Pipeline, row_bytes, wait_mapped};
+use crate::kernel::{DIMS_BYTES, Grid, Pipeline, map_read, row_bytes};
 
 /// The row kernels (`floats.wgsl` is prepended).
 const LAYER_WGSL: &str = include_str!("layer.wgsl");
@@ -942,12 +942,11 @@ impl GpuLayers {
             store,
         )
         .map_err(dev)?;
-        let read_words = r.audit - r.x + (r.gtab - r.audit);
         Buf::ensure(
             &mut work.readback,
             gpu,
             "stage read-back",
-            (read_words * 4) as u64,
+            ((r.gtab - r.x) * 4) as u64,
             U::MAP_READ | U::COPY_DST,
         )
         .map_err(dev)?;
@@ -1131,31 +1130,9 @@ impl GpuLayers {
         let submission = q.submit([encoder.finish()]);
         let submitted = Instant::now();
         let slice = readback.buffer.slice(0..read_bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |m| {
-            let _ = tx.send(m);
-        });
-        let mapped = wait_mapped(gpu, submission, &rx).map_err(|reason| {
-            dev(Error::ReadBack {
-                adapter: gpu.adapter_name(),
-                reason,
-            })
-        })?;
-        gpu.take_error().map_err(dev)?;
-        mapped.map_err(|e| {
-            dev(Error::ReadBack {
-                adapter: gpu.adapter_name(),
-                reason: e.to_string(),
-            })
-        })?;
-        let done = Instant::now();
-        let checked = {
-            let view = slice.get_mapped_range().map_err(|e| {
-                dev(Error::ReadBack {
-                    adapter: gpu.adapter_name(),
-                    reason: e.to_string(),
-                })
-            })?;
+        let (checked, done) = {
+            let view = map_read(gpu, slice, submission).map_err(dev)?;
+            let done = Instant::now();
             let words: &[u32] = bytemuck::cast_slice(&view);
             let rel = |at: usize| at - r.x;
             for (xv, wv) in x.iter_mut().zip(&words[rel(r.x)..rel(r.x) + t * h]) {
@@ -1163,7 +1140,10 @@ impl GpuLayers {
             }
             let flags = &words[rel(r.flags)..rel(r.flags) + nl];
             let audit = &words[rel(r.audit)..];
-            check(&self.backend.name(), layers, flags, audit, &rec.audits)
+            (
+                check(&self.backend.name(), layers, flags, audit, &rec.audits),
+                done,
+            )
         };
         readback.buffer.unmap();
         checked?;
