@@ -171,6 +171,10 @@ impl GpuBackend {
         self.profile.add(jobs, gemv, bytes.0, bytes.1, times);
     }
 
+    pub(crate) fn profile_kernels(&self, timed: impl IntoIterator<Item = (String, u64)>) {
+        self.profile.add_kernels(timed);
+    }
+
     pub(crate) fn kernel_source(&self) -> &str {
         &self.source
     }

@@ -16,6 +16,9 @@ pub(crate) struct Gpu {
     pub(crate) f64: bool,
     /// The largest storage binding (and buffer) the device accepts, in bytes.
     pub(crate) max_binding: u64,
+    /// Whether dispatches are timed on the GPU (`DAISY_GPU_TIMESTAMPS=1` and an adapter with
+    /// timestamp queries inside passes): the GPU stage's per-kernel profile.
+    pub(crate) timestamps: bool,
     errors: Arc<Mutex<Vec<String>>>,
 }
 
@@ -134,7 +137,16 @@ async fn open_async() -> Result<Gpu> {
     let info = adapter.get_info();
     let limits = adapter.limits();
     // 64-bit floats where the adapter has them (the contract's f64 steps on the device, `floats`).
-    let features = adapter.features() & wgpu::Features::SHADER_F64;
+    let mut features = adapter.features() & wgpu::Features::SHADER_F64;
+    // GPU timestamps around each dispatch, only when asked for (a profile, not a result).
+    let timed = wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    let timestamps = std::env::var("DAISY_GPU_TIMESTAMPS").is_ok_and(|v| v == "1")
+        && adapter.features().contains(timed);
+    if timestamps {
+        features |= timed;
+    }
     let (device, queue) = adapter
         .request_device(&wgpu::DeviceDescriptor {
             label: Some("daisy-wgsl"),
@@ -173,6 +185,7 @@ async fn open_async() -> Result<Gpu> {
         max_binding: limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size),
+        timestamps,
         errors,
     })
 }

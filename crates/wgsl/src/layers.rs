@@ -424,7 +424,18 @@ enum Cmd {
         group: GemmGroup,
         slot: u32,
         grid: Grid,
+        /// Which product, for the profile ("gemv q/k/v projection", ...).
+        kind: String,
     },
+}
+
+impl Cmd {
+    fn label(&self) -> String {
+        match self {
+            Cmd::Row { entry, .. } => entry.name().to_string(),
+            Cmd::Gemm { kind, .. } => kind.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -515,7 +526,19 @@ impl<'a> Recorder<'a> {
             true => self.dispatches.0 += 1,
             false => self.dispatches.1 += 1,
         }
-        self.cmds.push(Cmd::Gemm { group, slot, grid });
+        // "layer 3 attention scores of kv head 1" -> "attention scores"
+        let product = what
+            .split_once(' ')
+            .and_then(|(_, r)| r.split_once(' '))
+            .map_or(&*what, |(_, r)| r);
+        let product = product.split(" of kv head").next().unwrap_or(product);
+        let kind = format!("{} {product}", if grid.gemv { "gemv" } else { "tiled" });
+        self.cmds.push(Cmd::Gemm {
+            group,
+            slot,
+            grid,
+            kind,
+        });
 
         // The audit: two rows, two blocks of columns, their cells and operands gathered.
         let rows = [self.random(t), self.random(t)];
@@ -1092,12 +1115,17 @@ impl GpuLayers {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("stage"),
             });
+        // With GPU timestamps (a profile only): one before the first dispatch and one after each.
+        let timer = gpu.timestamps.then(|| Timer::new(gpu, rec.cmds.len() + 1));
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("stage"),
                 timestamp_writes: None,
             });
-            for cmd in &rec.cmds {
+            if let Some(t) = &timer {
+                pass.write_timestamp(&t.set, 0);
+            }
+            for (i, cmd) in rec.cmds.iter().enumerate() {
                 match cmd {
                     Cmd::Row {
                         entry,
@@ -1108,7 +1136,9 @@ impl GpuLayers {
                         pass.set_bind_group(0, &row_group, &[*slot]);
                         pass.dispatch_workgroups(groups.0, groups.1, 1);
                     }
-                    Cmd::Gemm { group, slot, grid } => {
+                    Cmd::Gemm {
+                        group, slot, grid, ..
+                    } => {
                         let bind = match group {
                             GemmGroup::Weights(id) => &work.weight_groups[id],
                             GemmGroup::Ops => match &work.ops_group {
@@ -1123,7 +1153,13 @@ impl GpuLayers {
                         pass.dispatch_workgroups(gx, gy, gz);
                     }
                 }
+                if let Some(t) = &timer {
+                    pass.write_timestamp(&t.set, i as u32 + 1);
+                }
             }
+        }
+        if let Some(t) = &timer {
+            t.resolve(&mut encoder);
         }
         let read_bytes = wb(r.audit + rec.audit_words - r.x);
         encoder.copy_buffer_to_buffer(&fl.buffer, wb(r.x), &readback.buffer, 0, read_bytes);
@@ -1146,6 +1182,10 @@ impl GpuLayers {
             )
         };
         readback.buffer.unmap();
+        if let Some(t) = &timer {
+            let ns = t.read(gpu).map_err(dev)?;
+            backend.profile_kernels(rec.cmds.iter().map(Cmd::label).zip(ns));
+        }
         checked?;
         kv.len = nk;
         backend.profile_add(
@@ -1160,6 +1200,62 @@ impl GpuLayers {
             ],
         );
         Ok(())
+    }
+}
+
+/// GPU timestamps around a pass's dispatches (`DAISY_GPU_TIMESTAMPS=1`): where the GPU's time
+/// goes, kernel by kernel.
+struct Timer {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    read: wgpu::Buffer,
+    count: u32,
+}
+
+impl Timer {
+    fn new(gpu: &Gpu, count: usize) -> Timer {
+        let count = count as u32;
+        let bytes = u64::from(count) * 8;
+        let buf = |label, usage| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        use wgpu::BufferUsages as U;
+        Timer {
+            set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("stage timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            }),
+            resolved: buf("stage timestamps", U::QUERY_RESOLVE | U::COPY_SRC),
+            read: buf("stage timestamps read-back", U::MAP_READ | U::COPY_DST),
+            count,
+        }
+    }
+
+    fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.resolve_query_set(&self.set, 0..self.count, &self.resolved, 0);
+        encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.read, 0, u64::from(self.count) * 8);
+    }
+
+    /// Nanoseconds of each dispatch (the pass was submitted and waited for).
+    fn read(&self, gpu: &Gpu) -> Result<Vec<u64>> {
+        let slice = self.read.slice(..);
+        let submission = gpu.queue.submit([]);
+        let view = map_read(gpu, slice, submission)?;
+        let ticks: &[u64] = bytemuck::cast_slice(&view);
+        let period = f64::from(gpu.queue.get_timestamp_period());
+        let ns = ticks
+            .windows(2)
+            .map(|w| (w[1].saturating_sub(w[0]) as f64 * period) as u64)
+            .collect();
+        drop(view);
+        self.read.unmap();
+        Ok(ns)
     }
 }
 

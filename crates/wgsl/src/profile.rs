@@ -3,7 +3,9 @@
 //! buffer, the submission), the wait for the GPU (kernel and copy to the read-back buffer),
 //! and the read-back (mapping and copying the accumulators out). Counters only; no effect on results.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// Running totals of one backend's dispatches.
@@ -20,6 +22,8 @@ pub(crate) struct Profile {
     wait_ns: AtomicU64,
     readback_ns: AtomicU64,
     cpu_ns: AtomicU64,
+    /// GPU time by kernel (dispatches, nanoseconds), where the device times dispatches.
+    kernels: Mutex<BTreeMap<String, (u64, u64)>>,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -51,6 +55,16 @@ impl Profile {
         self.cpu_ns.fetch_add(nanos(time), Ordering::Relaxed);
     }
 
+    /// Dispatches timed on the GPU: (kernel, nanoseconds) each.
+    pub(crate) fn add_kernels(&self, timed: impl IntoIterator<Item = (String, u64)>) {
+        let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, ns) in timed {
+            let e = kernels.entry(name).or_default();
+            e.0 += 1;
+            e.1 += ns;
+        }
+    }
+
     pub(crate) fn snapshot(&self) -> GpuProfile {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let secs = |c: &AtomicU64| get(c) as f64 / 1e9;
@@ -66,6 +80,15 @@ impl Profile {
             wait_s: secs(&self.wait_ns),
             readback_s: secs(&self.readback_ns),
             cpu_s: secs(&self.cpu_ns),
+            kernels: {
+                let kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut v: Vec<(String, u64, f64)> = kernels
+                    .iter()
+                    .map(|(k, (n, ns))| (k.clone(), *n, *ns as f64 / 1e9))
+                    .collect();
+                v.sort_by(|a, b| b.2.total_cmp(&a.2));
+                v
+            },
         }
     }
 
@@ -85,6 +108,10 @@ impl Profile {
         ] {
             c.store(0, Ordering::Relaxed);
         }
+        self.kernels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 }
 
@@ -113,6 +140,9 @@ pub struct GpuProfile {
     pub readback_s: f64,
     /// Seconds of the products run on the CPU.
     pub cpu_s: f64,
+    /// GPU time by kernel, most first: (kernel, dispatches, seconds); empty unless the device
+    /// times dispatches (`DAISY_GPU_TIMESTAMPS=1`).
+    pub kernels: Vec<(String, u64, f64)>,
 }
 
 impl GpuProfile {
@@ -146,6 +176,22 @@ impl std::fmt::Display for GpuProfile {
             self.readback_s,
             self.bytes_up as f64 / 1e6,
             self.bytes_down as f64 / 1e6,
-        )
+        )?;
+        if !self.kernels.is_empty() {
+            let total: f64 = self.kernels.iter().map(|k| k.2).sum();
+            write!(f, "; GPU time {:.3} s by kernel:", total)?;
+            for (name, n, s) in &self.kernels {
+                write!(
+                    f,
+                    " {name} {:.1}% ({n} × {:.1} µs)",
+                    100.0 * s / total.max(1e-12),
+                    s * 1e6 / (*n).max(1) as f64
+                )?;
+                if name != &self.kernels[self.kernels.len() - 1].0 {
+                    write!(f, ",")?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -308,6 +308,21 @@ fn f64_operands(rng: &mut Rng, n: usize, lo: i32, hi: i32) -> Vec<f64> {
         .collect()
 }
 
+/// Lanes where `got` differs from `want` (f64 bits); the first few shown with their operands.
+fn differing(what: &str, got: &[u64], want: &[u64], operands: impl Fn(usize) -> String) -> usize {
+    let lanes: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+    for &i in lanes.iter().take(4) {
+        eprintln!(
+            "{what}: {} = {:e}, got {:e} ({:+} ulps)",
+            operands(i),
+            f64::from_bits(want[i]),
+            f64::from_bits(got[i]),
+            got[i] as i64 - want[i] as i64
+        );
+    }
+    lanes.len()
+}
+
 /// The quotients, roots and f32 quotients of the library on `lab` against the CPU's:
 /// (lanes that differ in `div_f64`, `sqrt_f64`, `div_f32`, `inv_rms`).
 fn division_run(lab: &FloatLab) -> [usize; 4] {
@@ -329,16 +344,16 @@ fn division_run(lab: &FloatLab) -> [usize; 4] {
         &lab.run_wide("div_f64", n, 2, [&words(&a), &words(&b), &[]])
             .unwrap(),
     );
-    let div_f64 = (0..n)
-        .filter(|&i| quot[i] != (a[i] / b[i]).to_bits())
-        .count();
+    let want: Vec<u64> = (0..n).map(|i| (a[i] / b[i]).to_bits()).collect();
+    let div_f64 = differing("div_f64", &quot, &want, |i| {
+        format!("{:e} / {:e}", a[i], b[i])
+    });
     let roots = as_f64(
         &lab.run_wide("sqrt_f64", n, 2, [&words(&a), &[], &[]])
             .unwrap(),
     );
-    let sqrt_f64 = (0..n)
-        .filter(|&i| roots[i] != a[i].sqrt().to_bits())
-        .count();
+    let want: Vec<u64> = a.iter().map(|v| v.sqrt().to_bits()).collect();
+    let sqrt_f64 = differing("sqrt_f64", &roots, &want, |i| format!("sqrt({:e})", a[i]));
 
     let (x, y, _) = mul_add_inputs();
     let y: Vec<f32> = y.iter().map(|v| if *v == 0.0 { 1.0 } else { *v }).collect();
