@@ -43,9 +43,11 @@ pub trait DeviceLayers: Send + Sync {
     /// The device, for logs and errors.
     fn name(&self) -> String;
 
-    /// Runs `layers` over `rows` rows of `x` (`rows × hidden`) at positions `pos0..`, in place;
-    /// with `kv` the rows continue the keys it holds (the cached path), without it they are the
-    /// whole window. `inv_freq` is RoPE's.
+    /// Runs `layers` over the rows of `x` (`rows × hidden`) at positions `pos0..`, in place, as
+    /// the passes of `chunks` (their rows, in order, summing to `rows`) one after the other: each
+    /// attends to the keys before it and its own, exactly as separate passes would (every step
+    /// but attention is row by row). With `kv` the rows continue the keys it holds (the cached
+    /// path); without it they are the whole window (one chunk). `inv_freq` is RoPE's.
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -53,7 +55,7 @@ pub trait DeviceLayers: Send + Sync {
         layers: &[LlamaLayer<'_>],
         inv_freq: &[f32],
         x: &mut [f32],
-        rows: usize,
+        chunks: &[usize],
         pos0: usize,
         kv: Option<&mut dyn DeviceKv>,
     ) -> Result<()>;

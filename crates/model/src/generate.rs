@@ -244,6 +244,23 @@ pub fn generate_streaming<E: From<Error>>(
     'turn: while out.ids.len() < opts.max_new_tokens {
         let mut last = Vec::new();
         let count = pending.len();
+        // A head whose layers run on a device runs the prompt's chunks in one submission: the
+        // same bits as chunk by chunk (DeviceLayers::forward), sent on around the ring chunk by
+        // chunk as before.
+        let mut batched: Option<(usize, Vec<f32>)> = None;
+        if let Some(c) = cache.as_deref_mut()
+            && count > 1
+            && drafted.is_empty()
+            && head.device().is_some()
+        {
+            let first = pending[0].0;
+            let sizes: Vec<usize> = pending.iter().map(|p| p.1).collect();
+            let end = first + sizes.iter().sum::<usize>();
+            c.truncate(first);
+            let mut x = head.embed(&ids[first..end], first)?;
+            head.forward_chunks(&mut x, &sizes, first, c)?;
+            batched = Some((first, x));
+        }
         for (i, (pos0, rows)) in pending.drain(..).enumerate() {
             let wanted = i + 1 == count;
             let extra = if wanted { drafted.len() } else { 0 };
@@ -251,11 +268,19 @@ pub fn generate_streaming<E: From<Error>>(
             tokens.extend_from_slice(&drafted[..extra]);
             let rows = rows + extra;
             if let Some(c) = cache.as_deref_mut() {
-                c.truncate(pos0);
+                if batched.is_none() {
+                    c.truncate(pos0);
+                }
                 out.passes.push((pos0, tokens.clone()));
             }
-            let mut x = head.embed(&tokens, pos0)?;
-            head.forward(&mut x, rows, pos0, cache.as_deref_mut())?;
+            let x = match &batched {
+                Some((first, all)) => all[(pos0 - first) * h..(pos0 - first + rows) * h].to_vec(),
+                None => {
+                    let mut x = head.embed(&tokens, pos0)?;
+                    head.forward(&mut x, rows, pos0, cache.as_deref_mut())?;
+                    x
+                }
+            };
             let back = lap(Pass {
                 hidden: x,
                 rows,

@@ -311,7 +311,7 @@ impl Stage {
         &self,
         device: &dyn DeviceLayers,
         x: &mut [f32],
-        rows: usize,
+        chunks: &[usize],
         pos0: usize,
         cache: Option<&mut StageCache>,
     ) -> Result<()> {
@@ -352,7 +352,7 @@ impl Stage {
                 c.device.as_mut().map(|d| &mut **d as &mut dyn DeviceKv)
             }
         };
-        device.forward(&shape, &layers, &self.inv_freq, x, rows, pos0, kv)
+        device.forward(&shape, &layers, &self.inv_freq, x, chunks, pos0, kv)
     }
 
     /// The embedded rows of `ids` at positions `pos0..` (head only).
@@ -401,6 +401,30 @@ impl Stage {
         pos0: usize,
         cache: Option<&mut StageCache>,
     ) -> Result<()> {
+        self.forward_passes(x, &[rows], pos0, cache)
+    }
+
+    /// [`Stage::forward`] on the cached path over consecutive passes of `chunks` rows (summing to
+    /// the rows of `x`, from `pos0`): the same bits as one call per chunk. A stage whose layers
+    /// run on a device sends them all in one submission; on the host they run one by one.
+    pub fn forward_chunks(
+        &self,
+        x: &mut [f32],
+        chunks: &[usize],
+        pos0: usize,
+        cache: &mut StageCache,
+    ) -> Result<()> {
+        self.forward_passes(x, chunks, pos0, Some(cache))
+    }
+
+    fn forward_passes(
+        &self,
+        x: &mut [f32],
+        chunks: &[usize],
+        pos0: usize,
+        mut cache: Option<&mut StageCache>,
+    ) -> Result<()> {
+        let rows: usize = chunks.iter().sum();
         let h = self.cfg.hidden_size;
         if x.len() != rows * h {
             return Err(Error::Activation {
@@ -422,11 +446,20 @@ impl Stage {
                 value,
             });
         }
+        if let Some(device) = &self.device {
+            return self.forward_device(&**device, x, chunks, pos0, cache);
+        }
+        if chunks.len() > 1 {
+            let mut at = 0;
+            for &c in chunks {
+                let rows_x = &mut x[at * h..(at + c) * h];
+                self.forward_passes(rows_x, &[c], pos0 + at, cache.as_deref_mut())?;
+                at += c;
+            }
+            return Ok(());
+        }
         if let Some(streamed) = &self.streamed {
             return self.forward_streamed(streamed, x, rows, pos0, cache);
-        }
-        if let Some(device) = &self.device {
-            return self.forward_device(&**device, x, rows, pos0, cache);
         }
         match cache {
             Some(cache) => {

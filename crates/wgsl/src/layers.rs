@@ -647,7 +647,15 @@ impl Cursor {
 }
 
 impl Regions {
-    fn new(s: &LayerShape, layers: usize, t: usize, nk: usize) -> Regions {
+    /// For chunks of at most `t` rows, `total` rows in all, `passes` chunks, `nk` keys at the end.
+    fn new(
+        s: &LayerShape,
+        layers: usize,
+        t: usize,
+        nk: usize,
+        total: usize,
+        passes: usize,
+    ) -> Regions {
         let (h, hd, heads, g, i) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
         let qd = heads * hd;
         let w = qd + 2 * g * hd;
@@ -655,13 +663,13 @@ impl Regions {
             + audit_bound(qd, false)
             + audit_bound(i, false)
             + g * (audit_bound(hd, true) + audit_bound(nk, true));
-        let gemms = layers * (4 + 2 * g);
+        let gemms = passes * layers * (4 + 2 * g);
         let mut f = Cursor(0);
-        let x = f.take(t * h);
+        let x = f.take(total * h);
         let flags = f.take(layers);
-        let audit = f.take(layers * per_layer);
+        let audit = f.take(passes * layers * per_layer);
         let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
-        let cos = f.take(t * hd);
+        let cos = f.take(total * hd);
         let s_in = f.take(t);
         let s_post = f.take(t);
         let q_s = f.take(heads * t);
@@ -741,6 +749,9 @@ fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
 /// Where a pass's operands lie: its regions, rows, positions and the KV cache's layout.
 struct Placement<'a> {
     r: &'a Regions,
+    /// The chunk's rows of the residual stream and its RoPE tables (cos, then sin) in `fl`.
+    x: usize,
+    cos: usize,
     t: usize,
     pos0: usize,
     nk: usize,
@@ -760,7 +771,7 @@ fn record<'a>(
     consts: &[LayerConsts],
     at: &Placement<'_>,
 ) -> std::result::Result<(), daisy_model::Error> {
-    let Placement { r, t, pos0, nk, cap, kq_stride, kf_stride } = *at;
+    let Placement { r, x, cos, t, pos0, nk, cap, kq_stride, kf_stride } = *at;
     let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
     let (group, qd) = (heads / g, heads * hd);
     let w = qd + 2 * g * hd;
@@ -785,14 +796,14 @@ fn record<'a>(
             _ => (1, consts[l - 1].s_down, r.flags + l - 1),
         };
         rec.row(Entry::Residual, t, &[
-            u(h), eps, u(rw(h)), add, u(r.x), u(r.acc_down), u(r.act_s), sb, 1, c.in_norm,
+            u(h), eps, u(rw(h)), add, u(x), u(r.acc_down), u(r.act_s), sb, 1, c.in_norm,
             u(r.scratch), u(r.a_in), u(r.s_in), u(flag),
         ]);
         rec.gemm(name("q/k/v projection"), r.a_in, t, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
         let (kq0, kf0) = (l * kq_stride, l * kf_stride);
         rec.row(Entry::QkvRope, t, &[
             u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv),
-            u(r.s_in), c.s_qkv, c.bias.unwrap_or(0), u(r.cos), u(r.scratch), u(r.q), u(r.q_s),
+            u(r.s_in), c.s_qkv, c.bias.unwrap_or(0), u(cos), u(r.scratch), u(r.q), u(r.q_s),
             u(kq0), u(kf0), u(kf0 + g * cap), u(cap), u(pos0),
         ]);
         rec.row(Entry::ValuesT, g * hd, &[
@@ -824,7 +835,7 @@ fn record<'a>(
         ]);
         rec.gemm(name("attention output projection"), r.attn, t, qd, Rhs::Weights(layer.o), h, r.acc_o);
         rec.row(Entry::Residual, t, &[
-            u(h), eps, u(rw(h)), 1, u(r.x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
+            u(h), eps, u(rw(h)), 1, u(x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
             u(r.scratch), u(r.a_post), u(r.s_post), u(r.flags + l),
         ]);
         rec.gemm(name("gate/up projection"), r.a_post, t, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
@@ -839,7 +850,7 @@ fn record<'a>(
     }
     if let Some(last) = consts.last() {
         rec.row(Entry::Residual, t, &[
-            u(h), eps, u(rw(h)), 1, u(r.x), u(r.acc_down), u(r.act_s), last.s_down, 0, 0, 0, 0, 0,
+            u(h), eps, u(rw(h)), 1, u(x), u(r.acc_down), u(r.act_s), last.s_down, 0, 0, 0, 0, 0,
             u(r.flags + layers.len() - 1),
         ]);
     }
@@ -921,7 +932,7 @@ impl GpuLayers {
         layers: &[LlamaLayer<'_>],
         inv_freq: &[f32],
         x: &mut [f32],
-        t: usize,
+        chunks: &[usize],
         pos0: usize,
         kv: &mut GpuKv,
     ) -> std::result::Result<(), daisy_model::Error> {
@@ -936,12 +947,14 @@ impl GpuLayers {
             )));
         }
         let half = hd / 2;
-        let nk = pos0 + t;
+        let total: usize = chunks.iter().sum();
+        let t = chunks.iter().copied().max().unwrap_or(0);
+        let nk = pos0 + total;
         let nl = layers.len();
         kv.ensure(gpu, g, hd, nk).map_err(dev)?;
         let cap = kv.cap;
         let (kq_stride, kf_stride) = GpuKv::strides(g, hd, cap);
-        let r = Regions::new(s, nl, t, nk);
+        let r = Regions::new(s, nl, t, nk, total, chunks.len());
 
         let mut guard = self.work.lock().unwrap_or_else(PoisonError::into_inner);
         let work = &mut *guard;
@@ -1000,16 +1013,23 @@ impl GpuLayers {
             Some(c) => &c.layers,
             None => unreachable!("placed just above"),
         };
-        let at = Placement {
-            r: &r,
-            t,
-            pos0,
-            nk,
-            cap,
-            kq_stride,
-            kf_stride,
-        };
-        record(&mut rec, s, layers, consts, &at)?;
+        // Chunk after chunk, each attending to the keys before it and its own.
+        let mut done_rows = 0;
+        for &rows in chunks {
+            let at = Placement {
+                r: &r,
+                x: r.x + done_rows * h,
+                cos: r.cos + done_rows * hd,
+                t: rows,
+                pos0: pos0 + done_rows,
+                nk: pos0 + done_rows + rows,
+                cap,
+                kq_stride,
+                kf_stride,
+            };
+            record(&mut rec, s, layers, consts, &at)?;
+            done_rows += rows;
+        }
 
         // Uniforms, bind groups.
         changed |= Buf::ensure(
@@ -1094,14 +1114,18 @@ impl GpuLayers {
             wb(r.flags),
             bytemuck::cast_slice(&vec![0u32; nl.max(1)]),
         );
-        let mut tables = vec![0f32; 2 * t * half];
-        let (cos, sin) = tables.split_at_mut(t * half);
-        for (row, (c, s)) in cos
-            .chunks_exact_mut(half)
-            .zip(sin.chunks_exact_mut(half))
-            .enumerate()
-        {
-            daisy_model::rope_cos_sin(pos0 + row, &inv_freq[..half], c, s);
+        // Each chunk's cos rows, then its sin rows.
+        let mut tables = vec![0f32; 2 * total * half];
+        let mut row = pos0;
+        let mut rest = &mut tables[..];
+        for &rows in chunks {
+            let (chunk, tail) = rest.split_at_mut(2 * rows * half);
+            let (cos, sin) = chunk.split_at_mut(rows * half);
+            for (c, s) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)) {
+                daisy_model::rope_cos_sin(row, &inv_freq[..half], c, s);
+                row += 1;
+            }
+            rest = tail;
         }
         q.write_buffer(&fl.buffer, wb(r.cos), bytemuck::cast_slice(&tables));
         let gtab: Vec<u32> = rec.gather.iter().flatten().copied().collect();
@@ -1171,7 +1195,7 @@ impl GpuLayers {
             let done = Instant::now();
             let words: &[u32] = bytemuck::cast_slice(&view);
             let rel = |at: usize| at - r.x;
-            for (xv, wv) in x.iter_mut().zip(&words[rel(r.x)..rel(r.x) + t * h]) {
+            for (xv, wv) in x.iter_mut().zip(&words[rel(r.x)..rel(r.x) + total * h]) {
                 *xv = f32::from_bits(*wv);
             }
             let flags = &words[rel(r.flags)..rel(r.flags) + nl];
@@ -1326,10 +1350,12 @@ impl DeviceLayers for GpuLayers {
         layers: &[LlamaLayer<'_>],
         inv_freq: &[f32],
         x: &mut [f32],
-        rows: usize,
+        chunks: &[usize],
         pos0: usize,
         kv: Option<&mut dyn DeviceKv>,
     ) -> std::result::Result<(), daisy_model::Error> {
+        let chunks: Vec<usize> = chunks.iter().copied().filter(|&c| c > 0).collect();
+        let rows: usize = chunks.iter().sum();
         if rows == 0 || layers.is_empty() {
             return Ok(());
         }
@@ -1364,16 +1390,17 @@ impl DeviceLayers for GpuLayers {
                         layers.len()
                     )));
                 }
-                self.run(shape, layers, inv_freq, x, rows, pos0, kv)
+                self.run(shape, layers, inv_freq, x, &chunks, pos0, kv)
             }
             None => {
-                if pos0 != 0 {
+                if pos0 != 0 || chunks.len() != 1 {
                     return Err(daisy_model::Error::Invalid(format!(
-                        "full-window attention starts at position 0, got {pos0}"
+                        "full-window attention is one pass from position 0, got {} from {pos0}",
+                        chunks.len()
                     )));
                 }
                 let mut local = GpuKv::new(layers.len());
-                self.run(shape, layers, inv_freq, x, rows, 0, &mut local)
+                self.run(shape, layers, inv_freq, x, &chunks, 0, &mut local)
             }
         }
     }

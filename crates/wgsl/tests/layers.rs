@@ -134,6 +134,41 @@ fn cached(
     Ok(hops)
 }
 
+/// [`cached`] with the prompt's chunks in one call a stage (`Stage::forward_chunks`: one
+/// submission on the GPU), its hops laid out chunk by chunk as `cached` makes them.
+fn cached_in_one_call(
+    stages: &[Stage],
+    prompt: &[u32],
+    chunks: &[usize],
+    decode: &[u32],
+) -> Result<Hops, daisy_model::Error> {
+    let mut caches: Vec<_> = stages.iter().map(Stage::new_cache).collect();
+    let mut x = stages[0].embed(prompt, 0)?;
+    let mut after = Vec::new();
+    for (s, c) in stages.iter().zip(caches.iter_mut()) {
+        s.forward_chunks(&mut x, chunks, 0, c)?;
+        after.push(x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>());
+    }
+    let h = stages[0].config().hidden_size;
+    let mut hops = Vec::new();
+    let mut pos = 0;
+    for &n in chunks {
+        for a in &after {
+            hops.push(a[pos * h..(pos + n) * h].to_vec());
+        }
+        pos += n;
+    }
+    for &id in decode {
+        let mut x = stages[0].embed(&[id], pos)?;
+        for (s, c) in stages.iter().zip(caches.iter_mut()) {
+            s.forward(&mut x, 1, pos, Some(c))?;
+            hops.push(x.iter().map(|v| v.to_bits()).collect());
+        }
+        pos += 1;
+    }
+    Ok(hops)
+}
+
 struct Case {
     name: &'static str,
     dir: String,
@@ -204,6 +239,23 @@ fn layers_on_the_gpu_equal_the_cpu_on_both_paths() {
         let want = cached(&cpu, &prompt, &case.chunks, &decode).unwrap();
         let got = cached(&on_gpu, &prompt, &case.chunks, &decode).unwrap();
         compare(&format!("{} cached", case.name), &got, &want);
+        // The prompt's chunks in one submission a stage, then decode rows: the same bits as
+        // chunk by chunk (`want`'s first hops, before the roll-back).
+        let got = cached_in_one_call(&on_gpu, &prompt, &case.chunks, &decode).unwrap();
+        compare(
+            &format!("{} cached, chunks in one submission", case.name),
+            &got,
+            &want[..got.len()].to_vec(),
+        );
+        // Mutation: the chunks' boundaries matter (the values' quantization is over the keys
+        // present), so a device that ran the prompt as one chunk would be seen.
+        let merged = cached_in_one_call(&on_gpu, &prompt, &[case.prompt], &decode).unwrap();
+        let seen = merged.last() != want[..got.len()].last();
+        assert!(
+            seen,
+            "{}: the prompt as one chunk gives the chunks' bits",
+            case.name
+        );
         eprintln!(
             "{}: {} hops equal on the GPU's layers and the CPU's",
             case.name,
