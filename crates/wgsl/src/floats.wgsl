@@ -27,22 +27,9 @@ fn g(x: f64) -> f64 {
     return x * one;
 }
 
-// 2^k for |k| <= 1023, exactly (products of powers of two).
+// 2^k for |k| <= 1023, exactly (`ldexp` scales by a power of two without rounding).
 fn pow2(k: i32) -> f64 {
-    var s = 1.0lf;
-    var b = select(2.0lf, 0.5lf, k < 0);
-    var e = u32(abs(k));
-    loop {
-        if e == 0u {
-            break;
-        }
-        if (e & 1u) != 0u {
-            s = s * b;
-        }
-        b = b * b;
-        e = e >> 1u;
-    }
-    return s;
+    return ldexp(1.0lf, k);
 }
 
 // An f32 given by its bits, exactly as f64; subnormals built in integers.
@@ -77,7 +64,8 @@ struct Pair {
 }
 
 // The exponent e of a positive normal f64: 2^e <= a < 2^(e+1). (Bounded: an infinite or NaN `a`,
-// which no caller passes, ends the loop with a wrong e rather than hanging the device.)
+// which no caller passes, ends the loop with a wrong e rather than hanging the device. naga's
+// `frexp` of an f64 needs 64-bit integers, which not every adapter has.)
 fn exponent(a: f64) -> i32 {
     var e = clamp(i32(floor(log2(f32(a)))), -1022, 1023);
     for (var i = 0; i < 2100; i = i + 1) {
@@ -110,8 +98,7 @@ fn two_prod(a: f64, b: f64) -> Pair {
 
 // Whether the last mantissa bit of q (positive, exponent e) is 1.
 fn odd(q: f64, e: i32) -> bool {
-    let m = (q * pow2(-e)) * pow2(51);
-    return fract(m) != 0.0lf;
+    return fract(ldexp(q, 51 - e)) != 0.0lf;
 }
 
 // a - x * y exactly, where x * y lies within a factor 2 of a (a - hi by Sterbenz's lemma; the
