@@ -30,6 +30,12 @@ struct Dims {
     a0: u32,
     b0: u32,
     c0: u32,
+    // Independent products of one shape in one dispatch (attention's kv heads; 0 or 1: one), the
+    // z index's batch b at a0 + b * sa, b0 + b * sb, c0 + b * sc.
+    batches: u32,
+    sa: u32,
+    sb: u32,
+    sc: u32,
     pad: u32,
 }
 
@@ -50,17 +56,29 @@ const LANES: u32 = 32u;     // threads per `gemv` column
 var<workgroup> sa: array<vec4<u32>, 512>; // KW * QUADS
 var<workgroup> sb: array<vec4<u32>, 512>;
 
+// Where this workgroup's batch's A, B and output start (set at each entry point).
+var<private> base_a: u32;
+var<private> base_b: u32;
+var<private> base_c: u32;
+
+// Places the operands of batch `bz`.
+fn set_batch(bz: u32) {
+    base_a = dims.a0 + bz * dims.sa;
+    base_b = dims.b0 + bz * dims.sb;
+    base_c = dims.c0 + bz * dims.sc;
+}
+
 // The vec4 word `kv` of row `row` of A (of B), or zero past the last row.
 fn load_a(row: u32, kv: u32) -> vec4<u32> {
     if (row < dims.t) {
-        return a[dims.a0 + row * dims.k16 + kv];
+        return a[base_a + row * dims.k16 + kv];
     }
     return vec4<u32>(0u);
 }
 
 fn load_b(row: u32, kv: u32) -> vec4<u32> {
     if (row < dims.n) {
-        return b[dims.b0 + row * dims.k16 + kv];
+        return b[base_b + row * dims.k16 + kv];
     }
     return vec4<u32>(0u);
 }
@@ -112,9 +130,9 @@ fn store_row(row: u32, col: u32, lo: vec4<i32>, hi: vec4<i32>, add: bool) {
 
 fn put(i: u32, v: i32, add: bool) {
     if (add) {
-        atomicAdd(&out[dims.c0 + i], v);
+        atomicAdd(&out[base_c + i], v);
     } else {
-        atomicStore(&out[dims.c0 + i], v);
+        atomicStore(&out[base_c + i], v);
     }
 }
 
@@ -124,6 +142,9 @@ fn tiled(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    // z: the batch, then the K slice within it.
+    let slices = nwg.z / max(dims.batches, 1u);
+    set_batch(wg.z / slices);
     let row0 = wg.y * TILE;
     let col0 = wg.x * TILE;
     let tx = li % 16u;
@@ -153,7 +174,7 @@ fn tiled(
     let q1 = li + 256u;
     let ntiles = dims.k16 / KV;
     // This workgroup's slice of K stages (all of them without split K).
-    let first = wg.z * dims.stages;
+    let first = (wg.z % slices) * dims.stages;
     let last = min(first + dims.stages, ntiles);
     let k0 = first * KV;
     var pa0 = load_a(row0 + q0 / KV, k0 + q0 % KV);
@@ -198,7 +219,7 @@ fn tiled(
         }
     }
 
-    let add = nwg.z > 1u;
+    let add = slices > 1u;
     store_row(row0 + ty * 4u + 0u, col0 + tx * 4u, c0, c1, add);
     store_row(row0 + ty * 4u + 1u, col0 + tx * 4u, c2, c3, add);
     store_row(row0 + ty * 4u + 2u, col0 + tx * 4u, c4, c5, add);
@@ -222,6 +243,7 @@ fn gemv(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
+    set_batch(wg.z);
     let lane = li % LANES;
     let group = li / LANES;
     let col = (wg.y * nwg.x + wg.x) * (256u / LANES) + group;
@@ -233,8 +255,8 @@ fn gemv(
     var s2 = vec4<i32>(0);
     var s3 = vec4<i32>(0);
     if (col < dims.n) {
-        let base = dims.b0 + col * dims.k16;
-        let a0 = dims.a0;
+        let base = base_b + col * dims.k16;
+        let a0 = base_a;
         let kend = dims.k16;
         // Two words of B a lane per step, both loads issued before either is used.
         for (var q = lane; q < kend; q += 2u * LANES) {
@@ -304,6 +326,6 @@ fn gemv(
         for (var i = 0u; i < LANES; i++) {
             sum += partial[start + i];
         }
-        atomicStore(&out[dims.c0 + lane * dims.n + col], sum);
+        atomicStore(&out[base_c + lane * dims.n + col], sum);
     }
 }

@@ -295,7 +295,7 @@ struct Placed {
 }
 
 /// Bytes of the kernel's `Dims` uniform.
-pub(crate) const DIMS_BYTES: u64 = 32;
+pub(crate) const DIMS_BYTES: u64 = 48;
 
 /// Offsets in a buffer shared by several bindings: WebGPU's largest offset alignment.
 const OFFSET_ALIGN: u64 = 256;
@@ -348,6 +348,10 @@ fn prepare(
                 n as u32,
                 (stride / 16) as u32,
                 stages,
+                0,
+                0,
+                0,
+                1,
                 0,
                 0,
                 0,
@@ -430,16 +434,25 @@ pub(crate) struct Grid {
     pub(crate) gemv: bool,
     pub(crate) groups: (u32, u32, u32),
     pub(crate) stages: u32,
+    /// K slices a product (their sums added into the output).
+    slices: u32,
 }
 
 impl Grid {
     pub(crate) fn new(t: usize, n: usize, k: usize, tuning: Tuning) -> Grid {
+        Grid::batched(t, n, k, tuning, 1)
+    }
+
+    /// `batches` products of one shape in one dispatch (z: the batch, then its K slice).
+    pub(crate) fn batched(t: usize, n: usize, k: usize, tuning: Tuning, batches: usize) -> Grid {
+        let batches = batches.max(1) as u32;
         if uses_gemv(t, tuning) {
             let (x, y) = fold(n.div_ceil(GEMV_COLS));
             return Grid {
                 gemv: true,
-                groups: (x, y, 1),
+                groups: (x, y, batches),
                 stages: 1,
+                slices: 1,
             };
         }
         let (slices, stages) = split_k(t, n, k, tuning);
@@ -448,15 +461,16 @@ impl Grid {
             groups: (
                 n.div_ceil(TILE) as u32,
                 t.div_ceil(TILE) as u32,
-                slices as u32,
+                slices as u32 * batches,
             ),
             stages: stages as u32,
+            slices: slices as u32,
         }
     }
 
     /// Whether its slices add into the output, which must then start at zero.
     pub(crate) fn adds(&self) -> bool {
-        self.groups.2 > 1
+        self.slices > 1
     }
 
     pub(crate) fn entry<'p>(&self, pipeline: &'p Pipeline) -> &'p wgpu::ComputePipeline {

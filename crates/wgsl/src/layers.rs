@@ -445,6 +445,25 @@ enum GemmGroup {
     Kv,
 }
 
+/// Products of one shape in one dispatch: how many, and the words from one's A, B and output to
+/// the next's.
+#[derive(Clone, Copy)]
+struct Batch {
+    count: usize,
+    a: usize,
+    b: usize,
+    c: usize,
+}
+
+impl Batch {
+    const ONE: Batch = Batch {
+        count: 1,
+        a: 0,
+        b: 0,
+        c: 0,
+    };
+}
+
 /// A pass's commands as they are recorded: parameters, audits and the gather table.
 struct Recorder<'a> {
     params: Vec<u8>,
@@ -497,13 +516,29 @@ impl<'a> Recorder<'a> {
     /// B; the product is audited.
     #[allow(clippy::too_many_arguments)]
     fn gemm(&mut self, what: String, a: usize, t: usize, k: usize, b: Rhs<'a>, n: usize, c: usize) {
-        let grid = Grid::new(t, n, k, self.tuning);
+        self.gemms(&|_| what.clone(), a, t, k, b, n, c, Batch::ONE);
+    }
+
+    /// `batch.count` products of one shape in one dispatch, the i-th with its operands and output
+    /// `i` strides (words) after the first's; each audited as its own product, named by `what(i)`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemms(
+        &mut self,
+        what: &dyn Fn(usize) -> String,
+        a: usize,
+        t: usize,
+        k: usize,
+        b: Rhs<'a>,
+        n: usize,
+        c: usize,
+        batch: Batch,
+    ) {
+        let count = batch.count.max(1);
+        let grid = Grid::batched(t, n, k, self.tuning, count);
         if grid.adds() {
-            self.row(
-                Entry::Zero,
-                (t * n).div_ceil(256),
-                &[c as u32, (t * n) as u32],
-            );
+            // The outputs of a batch lie `batch.c` apart; zero the whole span.
+            let span = (count - 1) * batch.c + t * n;
+            self.row(Entry::Zero, span.div_ceil(256), &[c as u32, span as u32]);
         }
         let (group, b0) = match b {
             Rhs::Weights(w) => (GemmGroup::Weights(w.id()), 0),
@@ -519,6 +554,10 @@ impl<'a> Recorder<'a> {
             (a / 4) as u32,
             (b0 / 4) as u32,
             c as u32,
+            count as u32,
+            (batch.a / 4) as u32,
+            (batch.b / 4) as u32,
+            batch.c as u32,
             0,
         ];
         let slot = self.slot(&dims);
@@ -527,10 +566,11 @@ impl<'a> Recorder<'a> {
             false => self.dispatches.1 += 1,
         }
         // "layer 3 attention scores of kv head 1" -> "attention scores"
-        let product = what
+        let name = what(0);
+        let product = name
             .split_once(' ')
             .and_then(|(_, r)| r.split_once(' '))
-            .map_or(&*what, |(_, r)| r);
+            .map_or(&*name, |(_, r)| r);
         let product = product.split(" of kv head").next().unwrap_or(product);
         let kind = format!("{} {product}", if grid.gemv { "gemv" } else { "tiled" });
         self.cmds.push(Cmd::Gemm {
@@ -539,8 +579,28 @@ impl<'a> Recorder<'a> {
             grid,
             kind,
         });
+        for i in 0..count {
+            let b = match b {
+                Rhs::Weights(w) => Rhs::Weights(w),
+                Rhs::Ops(at) => Rhs::Ops(at + i * batch.b),
+                Rhs::Kv(at) => Rhs::Kv(at + i * batch.b),
+            };
+            self.audit(what(i), a + i * batch.a, t, k, b, n, c + i * batch.c);
+        }
+    }
 
-        // The audit: two rows, two blocks of columns, their cells and operands gathered.
+    /// The audit of one product: two rows, two blocks of columns, their cells and operands gathered.
+    #[allow(clippy::too_many_arguments)]
+    fn audit(
+        &mut self,
+        what: String,
+        a: usize,
+        t: usize,
+        k: usize,
+        b: Rhs<'a>,
+        n: usize,
+        c: usize,
+    ) {
         let rows = [self.random(t), self.random(t)];
         let blocks = n.div_ceil(AUDIT_BLOCK);
         let cols = [0, 1].map(|_| {
@@ -809,26 +869,21 @@ fn record<'a>(
         rec.row(Entry::ValuesT, g * hd, &[
             u(nk), u(hd), u(rw(nk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(r.vt), u(r.vt_s),
         ]);
-        for gi in 0..g {
-            rec.gemm(
-                name(&format!("attention scores of kv head {gi}")),
-                r.q + gi * group * t * rw(hd), group * t, hd,
-                Rhs::Kv(kq0 + gi * cap * rw(hd)), nk,
-                r.acc_scores + gi * group * t * nk,
-            );
-        }
+        // Every kv head's products in one dispatch.
+        rec.gemms(
+            &|gi| name(&format!("attention scores of kv head {gi}")),
+            r.q, group * t, hd, Rhs::Kv(kq0), nk, r.acc_scores,
+            Batch { count: g, a: group * t * rw(hd), b: cap * rw(hd), c: group * t * nk },
+        );
         rec.row(Entry::Softmax, heads * t, &[
             u(nk), s.attn_scale.to_bits(), u(rw(nk)), u(t), u(pos0), u(window), u(r.acc_scores),
             u(r.q_s), u(kf0), u(group), u(cap), u(r.scratch), u(r.p), u(r.p_s),
         ]);
-        for gi in 0..g {
-            rec.gemm(
-                name(&format!("attention values of kv head {gi}")),
-                r.p + gi * group * t * rw(nk), group * t, nk,
-                Rhs::Ops(r.vt + gi * hd * rw(nk)), hd,
-                r.acc_values + gi * group * t * hd,
-            );
-        }
+        rec.gemms(
+            &|gi| name(&format!("attention values of kv head {gi}")),
+            r.p, group * t, nk, Rhs::Ops(r.vt), hd, r.acc_values,
+            Batch { count: g, a: group * t * rw(nk), b: hd * rw(nk), c: group * t * hd },
+        );
         rec.row(Entry::AttnOut, t, &[
             u(heads), u(g), u(hd), u(rw(qd)), u(r.acc_values), u(r.p_s), u(r.vt_s), u(r.scratch),
             u(r.attn), u(r.attn_s),

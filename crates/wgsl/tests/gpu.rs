@@ -220,7 +220,7 @@ fn gemv_skips_last_stage() -> Kernel {
 /// `tiled`'s split-K slices overwrite the output instead of adding into it: wrong wherever K is
 /// split (few output tiles, long K).
 fn split_k_overwrites() -> Kernel {
-    mutant(&[("let add = nwg.z > 1u;", "let add = false;")])
+    mutant(&[("let add = slices > 1u;", "let add = false;")])
 }
 
 /// Accumulates in f32 in both entry points: exact until a partial sum passes 2²⁴, wrong at ±127
