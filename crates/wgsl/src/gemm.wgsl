@@ -302,22 +302,23 @@ fn gemv(
             }
         }
     }
+    // Only the rows present (uniform branches).
     partial[0u * 256u + li] = s0.x;
-    partial[1u * 256u + li] = s0.y;
-    partial[2u * 256u + li] = s0.z;
-    partial[3u * 256u + li] = s0.w;
-    partial[4u * 256u + li] = s1.x;
-    partial[5u * 256u + li] = s1.y;
-    partial[6u * 256u + li] = s1.z;
-    partial[7u * 256u + li] = s1.w;
-    partial[8u * 256u + li] = s2.x;
-    partial[9u * 256u + li] = s2.y;
-    partial[10u * 256u + li] = s2.z;
-    partial[11u * 256u + li] = s2.w;
-    partial[12u * 256u + li] = s3.x;
-    partial[13u * 256u + li] = s3.y;
-    partial[14u * 256u + li] = s3.z;
-    partial[15u * 256u + li] = s3.w;
+    if (dims.t > 1u) { partial[1u * 256u + li] = s0.y; }
+    if (dims.t > 2u) { partial[2u * 256u + li] = s0.z; }
+    if (dims.t > 3u) { partial[3u * 256u + li] = s0.w; }
+    if (dims.t > 4u) { partial[4u * 256u + li] = s1.x; }
+    if (dims.t > 5u) { partial[5u * 256u + li] = s1.y; }
+    if (dims.t > 6u) { partial[6u * 256u + li] = s1.z; }
+    if (dims.t > 7u) { partial[7u * 256u + li] = s1.w; }
+    if (dims.t > 8u) { partial[8u * 256u + li] = s2.x; }
+    if (dims.t > 9u) { partial[9u * 256u + li] = s2.y; }
+    if (dims.t > 10u) { partial[10u * 256u + li] = s2.z; }
+    if (dims.t > 11u) { partial[11u * 256u + li] = s2.w; }
+    if (dims.t > 12u) { partial[12u * 256u + li] = s3.x; }
+    if (dims.t > 13u) { partial[13u * 256u + li] = s3.y; }
+    if (dims.t > 14u) { partial[14u * 256u + li] = s3.z; }
+    if (dims.t > 15u) { partial[15u * 256u + li] = s3.w; }
     workgroupBarrier();
     // Lane r of each group adds row r's 32 partial sums.
     if (lane < dims.t && lane < GEMV_MAX_T && col < dims.n) {

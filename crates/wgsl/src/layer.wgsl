@@ -45,51 +45,43 @@ struct L {
 
 var<workgroup> wg_u: u32;
 var<workgroup> wg_max: array<u32, 256>;
-// A tile of a row staged for the one thread that adds it in order.
-var<workgroup> wg_tile: array<u32, 2048>;
+// A tile of a row widened to f64 (squared where asked), for the one thread that adds it in order.
+var<workgroup> wg_sum: array<f64, 1024>;
+// Per head of a row (q/k/v): its max |x| (atomic), then its quantization's 127 / max.
+var<workgroup> wg_head_max: array<atomic<u32>, 256>;
+var<workgroup> wg_head_inv: array<u32, 256>;
 
 // The f64 sum, left to right (the contract's order), of fl[base + j] (or of its square) for j in
-// [lo, hi). The row goes through workgroup memory a tile at a time, loaded by every thread, so the
-// thread that adds (thread 0, where the result is valid) reads at workgroup-memory latency, eight
-// values ahead of its additions. Each square is exact in f64, so a fused multiply-add rounds only
-// the addition. Called by every thread of the workgroup.
+// [lo, hi). Every thread widens (and squares: exact in f64) a tile of the row into workgroup
+// memory; the thread that adds (thread 0, where the result is valid) then only loads and adds.
+// Called by every thread of the workgroup.
 fn ordered_sum(base: u32, lo: u32, hi: u32, squares: bool, li: u32) -> f64 {
     var sum = 0.0lf;
-    for (var t0 = lo; t0 < hi; t0 = t0 + 2048u) {
-        let n = min(2048u, hi - t0);
+    for (var t0 = lo; t0 < hi; t0 = t0 + 1024u) {
+        let n = min(1024u, hi - t0);
         workgroupBarrier();
         for (var i = li; i < n; i = i + 256u) {
-            wg_tile[i] = fl[base + t0 + i];
+            var v = widen(fl[base + t0 + i]);
+            if squares {
+                v = v * v;
+            }
+            wg_sum[i] = v;
         }
         workgroupBarrier();
         if li == 0u {
             var i = 0u;
-            for (; i + 8u <= n; i = i + 8u) {
-                var v = array<f64, 8>(
-                    widen(wg_tile[i]), widen(wg_tile[i + 1u]), widen(wg_tile[i + 2u]),
-                    widen(wg_tile[i + 3u]), widen(wg_tile[i + 4u]), widen(wg_tile[i + 5u]),
-                    widen(wg_tile[i + 6u]), widen(wg_tile[i + 7u]),
-                );
-                if squares {
-                    for (var k = 0u; k < 8u; k = k + 1u) {
-                        v[k] = v[k] * v[k];
-                    }
-                }
-                sum = sum + v[0];
-                sum = sum + v[1];
-                sum = sum + v[2];
-                sum = sum + v[3];
-                sum = sum + v[4];
-                sum = sum + v[5];
-                sum = sum + v[6];
-                sum = sum + v[7];
+            for (; i + 4u <= n; i = i + 4u) {
+                let v0 = wg_sum[i];
+                let v1 = wg_sum[i + 1u];
+                let v2 = wg_sum[i + 2u];
+                let v3 = wg_sum[i + 3u];
+                sum = sum + v0;
+                sum = sum + v1;
+                sum = sum + v2;
+                sum = sum + v3;
             }
             for (; i < n; i = i + 1u) {
-                var v = widen(wg_tile[i]);
-                if squares {
-                    v = v * v;
-                }
-                sum = sum + v;
+                sum = sum + wg_sum[i];
             }
         }
     }
@@ -282,31 +274,43 @@ fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         fl[p] = narrow(widen(mul32(x1, c)) - widen(mul32(x2, s)));
         fl[p + half] = narrow(widen(mul32(x2, c)) + widen(mul32(x1, s)));
     }
-    for (var head = 0u; head < heads + kv; head = head + 1u) {
-        let p = scr + head * hd;
-        storageBarrier();
-        workgroupBarrier();
-        var m = 0u;
-        for (var j = li; j < hd; j = j + 256u) {
-            m = max(m, fl[p + j] & 0x7fffffffu);
+    // Every head of the row quantized at once: its max |x| (atomic), its 127 / max and scale (a
+    // thread a head), then every packed word.
+    let nh = heads + kv;
+    for (var i = li; i < 256u; i = i + 256u) {
+        atomicStore(&wg_head_max[i], 0u);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var idx = li; idx < nh * hd; idx = idx + 256u) {
+        atomicMax(&wg_head_max[idx / hd], fl[scr + idx] & 0x7fffffffu);
+    }
+    workgroupBarrier();
+    for (var head = li; head < nh; head = head + 256u) {
+        let mb = atomicLoad(&wg_head_max[head]);
+        let tiny = mb < 0x00800000u;
+        var inv = 0u;
+        if !tiny {
+            inv = div32(0x42fe0000u, mb);
         }
-        let q = row_quant(m, li);
-        let scale = row_scale(q);
+        wg_head_inv[head] = inv;
+        let scale = row_scale(Quant(inv, tiny, mb));
         if head < heads {
-            if li == 0u {
-                fl[P.p12 + head * rows + t] = scale;
-            }
-            for (var wd = li; wd < rw; wd = wd + 256u) {
-                ops[P.p11 + (head * rows + t) * rw + wd] = pack4(p, hd, wd, q);
-            }
+            fl[P.p12 + head * rows + t] = scale;
         } else {
-            let g = head - heads;
-            if li == 0u {
-                kf[P.p14 + g * cap + pos] = scale;
-            }
-            for (var wd = li; wd < rw; wd = wd + 256u) {
-                kq[P.p13 + (g * cap + pos) * rw + wd] = pack4(p, hd, wd, q);
-            }
+            kf[P.p14 + (head - heads) * cap + pos] = scale;
+        }
+    }
+    workgroupBarrier();
+    for (var wi = li; wi < nh * rw; wi = wi + 256u) {
+        let head = wi / rw;
+        let wd = wi % rw;
+        let mb = atomicLoad(&wg_head_max[head]);
+        let word = pack4(scr + head * hd, hd, wd, Quant(wg_head_inv[head], mb < 0x00800000u, mb));
+        if head < heads {
+            ops[P.p11 + (head * rows + t) * rw + wd] = word;
+        } else {
+            kq[P.p13 + ((head - heads) * cap + pos) * rw + wd] = word;
         }
     }
 }
@@ -380,17 +384,14 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     storageBarrier();
     workgroupBarrier();
     // The row's max (any order gives the same value; +0 and -0 give the same exp).
-    if li == 0u {
-        var best = 0xff800000u;
-        for (var i = 0u; i < 256u; i = i + 1u) {
-            if widen(wg_max[i]) > widen(best) {
-                best = wg_max[i];
-            }
+    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
+        if li < stride && widen(wg_max[li + stride]) > widen(wg_max[li]) {
+            wg_max[li] = wg_max[li + stride];
         }
-        wg_u = best;
+        workgroupBarrier();
     }
+    let best = wg_max[0];
     workgroupBarrier();
-    let best = wg_u;
     let live = lo < hi && best != 0xff800000u;
     for (var j = li; j < nk; j = j + 256u) {
         var e = 0u;
@@ -446,33 +447,77 @@ fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     store_quantized(m, y, qd, P.p8 + t * rw, rw, P.p9 + t, li);
 }
 
-// The MLP's activation after the gate/up product, one workgroup a token t:
+// The MLP's activation after the gate/up product, one workgroup a segment of 256 values of a
+// token's row (r = t * S + s, S = p8 segments a row; a decode row spreads over many workgroups):
 //   g, u = (f32(acc) * sa) * sb for the row's first and second I columns
 //   a = g / (1 + exp(-g)) * u       (SiLU, each step an f32 operation, exp the contract's)
-//   then a quantized as the down product's operand.
-// p0 I, p1 RW (words of a packed I row), p2 acc (T * 2I), p3 sa (fl), p4 sb (res, 2I),
-// p5 y (fl scratch, T * I), p6 q (ops), p7 scales (fl).
+// into fl, and the segment's max |a| for `quantize_segments`.
+// p0 I, p1 RW (unused), p2 acc (T * 2I), p3 sa (fl), p4 sb (res, 2I), p5 y (fl scratch, T * I),
+// p6 (unused), p7 (unused), p8 S, p9 the segments' max (fl, T * S).
 @compute @workgroup_size(256)
-fn gate_up_silu_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let t = row_of(wid, nwg);
-    if t >= P.n {
+fn gate_up_silu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg);
+    if r >= P.n {
         return;
     }
     let n = P.p0;
-    let rw = P.p1;
-    let sa = fl[P.p3 + t];
-    let y = P.p5 + t * n;
-    let a0 = P.p2 + 2u * t * n;
+    let t = r / P.p8;
+    let j = (r % P.p8) * 256u + li;
     var m = 0u;
-    for (var j = li; j < n; j = j + 256u) {
+    if j < n {
+        let sa = fl[P.p3 + t];
+        let a0 = P.p2 + 2u * t * n;
         let g = dequant(accb(a0 + j), sa, res[P.p4 + j]);
         let u = dequant(accb(a0 + n + j), sa, res[P.p4 + n + j]);
         let e = narrow(exp_f64(-widen(g)));
         let a = mul32(div32(g, narrow(1.0lf + widen(e))), u);
-        fl[y + j] = a;
-        m = max(m, a & 0x7fffffffu);
+        fl[P.p5 + t * n + j] = a;
+        m = a & 0x7fffffffu;
     }
-    store_quantized(m, y, n, P.p6 + t * rw, rw, P.p7 + t, li);
+    wg_max[li] = m;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
+        if li < stride {
+            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
+        }
+        workgroupBarrier();
+    }
+    if li == 0u {
+        fl[P.p9 + r] = wg_max[0];
+    }
+}
+
+// The contract's quantization of rows whose values and segments' max |y| are in place, one
+// workgroup a block of 256 packed words of a row (r = t * B + b, B = p6 blocks a row): each
+// workgroup folds its row's S maxima, forms 127 / max, and packs its words; the first writes the
+// row's scale.
+// p0 H (values a row), p1 RW (words of a packed row), p2 y (fl, T * H), p3 the segments' max
+// (fl, T * S), p4 S, p5 q (ops), p6 B, p7 scales (fl).
+@compute @workgroup_size(256)
+fn quantize_segments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg);
+    if r >= P.n {
+        return;
+    }
+    let t = r / P.p6;
+    let b = r % P.p6;
+    var mb = 0u;
+    for (var i = 0u; i < P.p4; i = i + 1u) {
+        mb = max(mb, fl[P.p3 + t * P.p4 + i]);
+    }
+    let tiny = mb < 0x00800000u;
+    var inv = 0u;
+    if !tiny {
+        inv = div32(0x42fe0000u, mb);
+    }
+    let q = Quant(inv, tiny, mb);
+    if b == 0u && li == 0u {
+        fl[P.p7 + t] = row_scale(q);
+    }
+    let wd = b * 256u + li;
+    if wd < P.p1 {
+        ops[P.p5 + t * P.p1 + wd] = pack4(P.p2 + t * P.p0, P.p0, wd, q);
+    }
 }
 
 // The live audit's operands (DESIGN §3.7): one workgroup a segment of the gather table in fl

@@ -54,18 +54,20 @@ enum Entry {
     Softmax,
     AttnOut,
     Silu,
+    Quantize,
     Gather,
     Zero,
 }
 
 impl Entry {
-    const ALL: [Entry; 8] = [
+    const ALL: [Entry; 9] = [
         Entry::Residual,
         Entry::QkvRope,
         Entry::ValuesT,
         Entry::Softmax,
         Entry::AttnOut,
         Entry::Silu,
+        Entry::Quantize,
         Entry::Gather,
         Entry::Zero,
     ];
@@ -77,7 +79,8 @@ impl Entry {
             Entry::ValuesT => "values_transposed_quantize",
             Entry::Softmax => "scores_softmax_quantize",
             Entry::AttnOut => "attention_out_quantize",
-            Entry::Silu => "gate_up_silu_quantize",
+            Entry::Silu => "gate_up_silu",
+            Entry::Quantize => "quantize_segments",
             Entry::Gather => "audit_gather",
             Entry::Zero => "zero_acc",
         }
@@ -675,6 +678,8 @@ struct Regions {
     p_s: usize,
     attn_s: usize,
     act_s: usize,
+    /// The segments' max |y| of rows quantized by `quantize_segments`.
+    seg_max: usize,
     scratch: usize,
     fl: usize,
     // ops
@@ -737,6 +742,7 @@ impl Regions {
         let p_s = f.take(heads * t);
         let attn_s = f.take(t);
         let act_s = f.take(t);
+        let seg_max = f.take(t * i.div_ceil(256));
         let scratch = f.take(
             [
                 t * h,
@@ -778,6 +784,7 @@ impl Regions {
             p_s,
             attn_s,
             act_s,
+            seg_max,
             scratch,
             fl: f.0,
             a_in,
@@ -894,8 +901,15 @@ fn record<'a>(
             u(r.scratch), u(r.a_post), u(r.s_post), u(r.flags + l),
         ]);
         rec.gemm(name("gate/up projection"), r.a_post, t, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
-        rec.row(Entry::Silu, t, &[
-            u(inter), u(rw(inter)), u(r.acc_gu), u(r.s_post), c.s_gu, u(r.scratch), u(r.act),
+        // SiLU a segment of 256 values a workgroup, then the rows quantized a block of 256 words
+        // a workgroup.
+        let (segs, blocks) = (inter.div_ceil(256), rw(inter).div_ceil(256));
+        rec.row(Entry::Silu, t * segs, &[
+            u(inter), 0, u(r.acc_gu), u(r.s_post), c.s_gu, u(r.scratch), 0, 0, u(segs),
+            u(r.seg_max),
+        ]);
+        rec.row(Entry::Quantize, t * blocks, &[
+            u(inter), u(rw(inter)), u(r.scratch), u(r.seg_max), u(segs), u(r.act), u(blocks),
             u(r.act_s),
         ]);
         rec.gemm(name("down projection"), r.act, t, inter, Rhs::Weights(layer.down), h, r.acc_down);
@@ -996,9 +1010,10 @@ impl GpuLayers {
         let dev = |e: Error| model_err("the GPU stage", e);
         let start = Instant::now();
         let (h, hd, heads, g) = (s.hidden, s.head_dim, s.heads, s.kv_heads);
-        if heads == 0 || g == 0 || heads % g != 0 || hd % 2 != 0 {
+        if heads == 0 || g == 0 || heads % g != 0 || hd % 2 != 0 || heads + g > 256 {
             return Err(daisy_model::Error::Invalid(format!(
-                "{heads} heads over {g} kv heads of {hd}: the GPU stage needs whole groups and an even head size"
+                "{heads} heads over {g} kv heads of {hd}: the GPU stage needs whole groups, an even \
+                 head size and at most 256 query and kv heads"
             )));
         }
         let half = hd / 2;
@@ -1202,7 +1217,7 @@ impl GpuLayers {
                 timestamp_writes: None,
             });
             if let Some(t) = &timer {
-                pass.write_timestamp(&t.set, 0);
+                t.write(&mut pass, 0);
             }
             for (i, cmd) in rec.cmds.iter().enumerate() {
                 match cmd {
@@ -1233,7 +1248,7 @@ impl GpuLayers {
                     }
                 }
                 if let Some(t) = &timer {
-                    pass.write_timestamp(&t.set, i as u32 + 1);
+                    t.write(&mut pass, i as u32 + 1);
                 }
             }
         }
@@ -1283,13 +1298,16 @@ impl GpuLayers {
 }
 
 /// GPU timestamps around a pass's dispatches (`DAISY_GPU_TIMESTAMPS=1`): where the GPU's time
-/// goes, kernel by kernel.
+/// goes, kernel by kernel. A query set holds at most `QUERIES` timestamps; a pass of more
+/// dispatches takes several.
 struct Timer {
-    set: wgpu::QuerySet,
+    sets: Vec<wgpu::QuerySet>,
     resolved: wgpu::Buffer,
     read: wgpu::Buffer,
     count: u32,
 }
+
+const QUERIES: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 
 impl Timer {
     fn new(gpu: &Gpu, count: usize) -> Timer {
@@ -1305,19 +1323,31 @@ impl Timer {
         };
         use wgpu::BufferUsages as U;
         Timer {
-            set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
-                label: Some("stage timestamps"),
-                ty: wgpu::QueryType::Timestamp,
-                count,
-            }),
+            sets: (0..count.div_ceil(QUERIES))
+                .map(|s| {
+                    gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                        label: Some("stage timestamps"),
+                        ty: wgpu::QueryType::Timestamp,
+                        count: (count - s * QUERIES).min(QUERIES),
+                    })
+                })
+                .collect(),
             resolved: buf("stage timestamps", U::QUERY_RESOLVE | U::COPY_SRC),
             read: buf("stage timestamps read-back", U::MAP_READ | U::COPY_DST),
             count,
         }
     }
 
+    fn write(&self, pass: &mut wgpu::ComputePass<'_>, i: u32) {
+        pass.write_timestamp(&self.sets[(i / QUERIES) as usize], i % QUERIES);
+    }
+
     fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
-        encoder.resolve_query_set(&self.set, 0..self.count, &self.resolved, 0);
+        for (s, set) in self.sets.iter().enumerate() {
+            let first = s as u32 * QUERIES;
+            let n = (self.count - first).min(QUERIES);
+            encoder.resolve_query_set(set, 0..n, &self.resolved, u64::from(first) * 8);
+        }
         encoder.copy_buffer_to_buffer(&self.resolved, 0, &self.read, 0, u64::from(self.count) * 8);
     }
 

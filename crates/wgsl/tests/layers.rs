@@ -290,7 +290,7 @@ fn mutant_row_kernels_change_the_bits() {
             "if false {\n            c = narrow",
         ),
         // The ordered sums (RMSNorm's, the softmax's) rounded to f32.
-        ("sum = sum + v[0];", "sum = widen(narrow(sum + v[0]));"),
+        ("sum = sum + v0;", "sum = widen(narrow(sum + v0));"),
     ];
     let ckpt = Checkpoint::open(&format!("{ROOT}/fixtures/tiny/qwen2")).unwrap();
     let vocab = ckpt.config().vocab_size;
