@@ -38,6 +38,9 @@ const AUDIT_BLOCK: usize = 4;
 /// Segments a product's audit gathers at most (two A rows, four accumulator runs, two B blocks).
 const AUDIT_SEGMENTS: usize = 8;
 
+/// Rows of chunks a submission takes at most (a single longer chunk is a submission alone).
+const GROUP_ROWS: usize = 512;
+
 static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_1A7E_0000_0000);
 
 /// Words of one packed row of `k` int8 values.
@@ -663,8 +666,22 @@ fn audit_bound(k: usize, b_rows: bool) -> usize {
     2 * rw(k) + 4 * AUDIT_BLOCK + if b_rows { 2 * AUDIT_BLOCK * rw(k) } else { 0 }
 }
 
+/// The words from one chunk's attention operands to the next's.
+#[derive(Clone, Copy)]
+struct Chunk {
+    q_s: usize,
+    vt_s: usize,
+    p_s: usize,
+    q: usize,
+    vt: usize,
+    p: usize,
+    acc_scores: usize,
+    acc_values: usize,
+}
+
 /// Where everything of one pass lies (words).
 struct Regions {
+    chunk: Chunk,
     // fl
     x: usize,
     flags: usize,
@@ -712,7 +729,9 @@ impl Cursor {
 }
 
 impl Regions {
-    /// For chunks of at most `t` rows, `total` rows in all, `passes` chunks, `nk` keys at the end.
+    /// For `passes` chunks of at most `t` rows, `total` rows in all, `nk` keys at the end. The
+    /// row-wise operands hold every row (the products run over all of them at once); attention's
+    /// operands are a chunk's, one set a chunk (`chunk` words apart: see [`Regions::chunk`]).
     fn new(
         s: &LayerShape,
         layers: usize,
@@ -727,51 +746,62 @@ impl Regions {
         let per_layer = audit_bound(h, false) * 2
             + audit_bound(qd, false)
             + audit_bound(i, false)
-            + g * (audit_bound(hd, true) + audit_bound(nk, true));
-        let gemms = passes * layers * (4 + 2 * g);
+            + passes * g * (audit_bound(hd, true) + audit_bound(nk, true));
+        let gemms = layers * (4 + passes * 2 * g);
         let mut f = Cursor(0);
         let x = f.take(total * h);
         let flags = f.take(layers);
-        let audit = f.take(passes * layers * per_layer);
+        let audit = f.take(layers * per_layer);
         let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
         let cos = f.take(total * hd);
-        let s_in = f.take(t);
-        let s_post = f.take(t);
-        let q_s = f.take(heads * t);
-        let vt_s = f.take(g * hd);
-        let p_s = f.take(heads * t);
-        let attn_s = f.take(t);
-        let act_s = f.take(t);
-        let seg_max = f.take(t * i.div_ceil(256));
+        let s_in = f.take(total);
+        let s_post = f.take(total);
+        let q_s = f.take(passes * heads * t);
+        let vt_s = f.take(passes * g * hd);
+        let p_s = f.take(passes * heads * t);
+        let attn_s = f.take(total);
+        let act_s = f.take(total);
+        let seg_max = f.take(total * i.div_ceil(256));
         let scratch = f.take(
             [
-                t * h,
+                total * h,
                 t * (heads + g) * hd,
                 g * hd * nk,
                 heads * t * nk,
                 t * qd,
-                t * i,
+                total * i,
             ]
             .into_iter()
             .max()
             .unwrap_or(0),
         );
         let mut o = Cursor(0);
-        let a_in = o.take(t * rw(h));
-        let a_post = o.take(t * rw(h));
-        let q = o.take(heads * t * rw(hd));
-        let vt = o.take(g * hd * rw(nk));
-        let p = o.take(heads * t * rw(nk));
-        let attn = o.take(t * rw(qd));
-        let act = o.take(t * rw(i));
+        let a_in = o.take(total * rw(h));
+        let a_post = o.take(total * rw(h));
+        let q = o.take(passes * heads * t * rw(hd));
+        let vt = o.take(passes * g * hd * rw(nk));
+        let p = o.take(passes * heads * t * rw(nk));
+        let attn = o.take(total * rw(qd));
+        let act = o.take(total * rw(i));
         let mut a = Cursor(0);
-        let acc_qkv = a.take(t * w);
-        let acc_scores = a.take(heads * t * nk);
-        let acc_values = a.take(heads * t * hd);
-        let acc_o = a.take(t * h);
-        let acc_gu = a.take(t * 2 * i);
-        let acc_down = a.take(t * h);
+        let acc_qkv = a.take(total * w);
+        let acc_scores = a.take(passes * heads * t * nk);
+        let acc_values = a.take(passes * heads * t * hd);
+        let acc_o = a.take(total * h);
+        let acc_gu = a.take(total * 2 * i);
+        let acc_down = a.take(total * h);
+        let chunk = Chunk {
+            q_s: heads * t,
+            vt_s: g * hd,
+            p_s: heads * t,
+            q: heads * t * rw(hd),
+            vt: g * hd * rw(nk),
+            p: heads * t * rw(nk),
+            acc_scores: heads * t * nk,
+            acc_values: heads * t * hd,
+        };
         Regions {
+            chunk,
             x,
             flags,
             audit,
@@ -813,23 +843,22 @@ fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     }
 }
 
-/// Where a pass's operands lie: its regions, rows, positions and the KV cache's layout.
+/// Where a pass's operands lie: its regions, chunks, positions and the KV cache's layout.
 struct Placement<'a> {
     r: &'a Regions,
-    /// The chunk's rows of the residual stream and its RoPE tables (cos, then sin) in `fl`.
-    x: usize,
-    cos: usize,
-    t: usize,
+    /// The rows of each chunk, in order, from position `pos0`.
+    chunks: &'a [usize],
     pos0: usize,
-    nk: usize,
     cap: usize,
     kq_stride: usize,
     kf_stride: usize,
 }
 
-/// Records every layer of a pass: each product's GEMM dispatch between the row kernels, the
-/// layer's audit gathered once at its end, and the last residual addition. The row kernels'
-/// parameters are positional (`layer.wgsl` names them p0, p1, ... in each kernel's comment).
+/// Records every layer of a pass, layer after layer: the row-wise steps and the weight products
+/// over every row at once, attention chunk by chunk (each chunk's keys are those before it and its
+/// own: the same bits as a pass a chunk, as every other step is row by row); the layer's audit
+/// gathered once at its end, and the last residual addition. The row kernels' parameters are
+/// positional (`layer.wgsl` names them p0, p1, ... in each kernel's comment).
 #[rustfmt::skip]
 fn record<'a>(
     rec: &mut Recorder<'a>,
@@ -838,12 +867,14 @@ fn record<'a>(
     consts: &[LayerConsts],
     at: &Placement<'_>,
 ) -> std::result::Result<(), daisy_model::Error> {
-    let Placement { r, x, cos, t, pos0, nk, cap, kq_stride, kf_stride } = *at;
+    let Placement { r, chunks, pos0, cap, kq_stride, kf_stride } = *at;
     let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
     let (group, qd) = (heads / g, heads * hd);
     let w = qd + 2 * g * hd;
     let u = |v: usize| v as u32;
     let eps = s.eps.to_bits();
+    let total: usize = chunks.iter().sum();
+    let x = r.x;
     for (l, (layer, c)) in layers.iter().zip(consts).enumerate() {
         let name = |what: &str| format!("layer {} {what}", layer.index);
         let window = match layer.window {
@@ -862,63 +893,72 @@ fn record<'a>(
             0 => (0, 0, r.flags),
             _ => (1, consts[l - 1].s_down, r.flags + l - 1),
         };
-        rec.row(Entry::Residual, t, &[
+        rec.row(Entry::Residual, total, &[
             u(h), eps, u(rw(h)), add, u(x), u(r.acc_down), u(r.act_s), sb, 1, c.in_norm,
             u(r.scratch), u(r.a_in), u(r.s_in), u(flag),
         ]);
-        rec.gemm(name("q/k/v projection"), r.a_in, t, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
+        rec.gemm(name("q/k/v projection"), r.a_in, total, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
         let (kq0, kf0) = (l * kq_stride, l * kf_stride);
-        rec.row(Entry::QkvRope, t, &[
-            u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv),
-            u(r.s_in), c.s_qkv, c.bias.unwrap_or(0), u(cos), u(r.scratch), u(r.q), u(r.q_s),
-            u(kq0), u(kf0), u(kf0 + g * cap), u(cap), u(pos0),
-        ]);
-        rec.row(Entry::ValuesT, g * hd, &[
-            u(nk), u(hd), u(rw(nk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(r.vt), u(r.vt_s),
-        ]);
-        // Every kv head's products in one dispatch.
-        rec.gemms(
-            &|gi| name(&format!("attention scores of kv head {gi}")),
-            r.q, group * t, hd, Rhs::Kv(kq0), nk, r.acc_scores,
-            Batch { count: g, a: group * t * rw(hd), b: cap * rw(hd), c: group * t * nk },
-        );
-        rec.row(Entry::Softmax, heads * t, &[
-            u(nk), s.attn_scale.to_bits(), u(rw(nk)), u(t), u(pos0), u(window), u(r.acc_scores),
-            u(r.q_s), u(kf0), u(group), u(cap), u(r.scratch), u(r.p), u(r.p_s),
-        ]);
-        rec.gemms(
-            &|gi| name(&format!("attention values of kv head {gi}")),
-            r.p, group * t, nk, Rhs::Ops(r.vt), hd, r.acc_values,
-            Batch { count: g, a: group * t * rw(nk), b: hd * rw(nk), c: group * t * hd },
-        );
-        rec.row(Entry::AttnOut, t, &[
-            u(heads), u(g), u(hd), u(rw(qd)), u(r.acc_values), u(r.p_s), u(r.vt_s), u(r.scratch),
-            u(r.attn), u(r.attn_s),
-        ]);
-        rec.gemm(name("attention output projection"), r.attn, t, qd, Rhs::Weights(layer.o), h, r.acc_o);
-        rec.row(Entry::Residual, t, &[
+        let mut off = 0;
+        for (k, &t) in chunks.iter().enumerate() {
+            let (pos, nk) = (pos0 + off, pos0 + off + t);
+            let ch = r.chunk;
+            let (q, q_s, vt, vt_s) = (r.q + k * ch.q, r.q_s + k * ch.q_s, r.vt + k * ch.vt, r.vt_s + k * ch.vt_s);
+            let (p, p_s) = (r.p + k * ch.p, r.p_s + k * ch.p_s);
+            let (acc_scores, acc_values) = (r.acc_scores + k * ch.acc_scores, r.acc_values + k * ch.acc_values);
+            rec.row(Entry::QkvRope, t, &[
+                u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv + off * w),
+                u(r.s_in + off), c.s_qkv, c.bias.unwrap_or(0), u(r.cos + off * hd), u(r.scratch), u(q),
+                u(q_s), u(kq0), u(kf0), u(kf0 + g * cap), u(cap), u(pos),
+            ]);
+            rec.row(Entry::ValuesT, g * hd, &[
+                u(nk), u(hd), u(rw(nk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(vt), u(vt_s),
+            ]);
+            // Every kv head's products in one dispatch.
+            rec.gemms(
+                &|gi| name(&format!("attention scores of kv head {gi}")),
+                q, group * t, hd, Rhs::Kv(kq0), nk, acc_scores,
+                Batch { count: g, a: group * t * rw(hd), b: cap * rw(hd), c: group * t * nk },
+            );
+            rec.row(Entry::Softmax, heads * t, &[
+                u(nk), s.attn_scale.to_bits(), u(rw(nk)), u(t), u(pos), u(window), u(acc_scores),
+                u(q_s), u(kf0), u(group), u(cap), u(r.scratch), u(p), u(p_s),
+            ]);
+            rec.gemms(
+                &|gi| name(&format!("attention values of kv head {gi}")),
+                p, group * t, nk, Rhs::Ops(vt), hd, acc_values,
+                Batch { count: g, a: group * t * rw(nk), b: hd * rw(nk), c: group * t * hd },
+            );
+            rec.row(Entry::AttnOut, t, &[
+                u(heads), u(g), u(hd), u(rw(qd)), u(acc_values), u(p_s), u(vt_s), u(r.scratch),
+                u(r.attn + off * rw(qd)), u(r.attn_s + off),
+            ]);
+            off += t;
+        }
+        rec.gemm(name("attention output projection"), r.attn, total, qd, Rhs::Weights(layer.o), h, r.acc_o);
+        rec.row(Entry::Residual, total, &[
             u(h), eps, u(rw(h)), 1, u(x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
             u(r.scratch), u(r.a_post), u(r.s_post), u(r.flags + l),
         ]);
-        rec.gemm(name("gate/up projection"), r.a_post, t, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
+        rec.gemm(name("gate/up projection"), r.a_post, total, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
         // SiLU a segment of 256 values a workgroup, then the rows quantized a block of 256 words
         // a workgroup.
         let (segs, blocks) = (inter.div_ceil(256), rw(inter).div_ceil(256));
-        rec.row(Entry::Silu, t * segs, &[
+        rec.row(Entry::Silu, total * segs, &[
             u(inter), 0, u(r.acc_gu), u(r.s_post), c.s_gu, u(r.scratch), 0, 0, u(segs),
             u(r.seg_max),
         ]);
-        rec.row(Entry::Quantize, t * blocks, &[
+        rec.row(Entry::Quantize, total * blocks, &[
             u(inter), u(rw(inter)), u(r.scratch), u(r.seg_max), u(segs), u(r.act), u(blocks),
             u(r.act_s),
         ]);
-        rec.gemm(name("down projection"), r.act, t, inter, Rhs::Weights(layer.down), h, r.acc_down);
-        // Every product of the layer has its own operands and accumulators until the next
-        // layer writes them: one gather for all of their audits.
+        rec.gemm(name("down projection"), r.act, total, inter, Rhs::Weights(layer.down), h, r.acc_down);
+        // Every product of the layer (every chunk's attention included) has its own operands and
+        // accumulators until the next layer writes them: one gather for all of their audits.
         rec.flush_audit();
     }
     if let Some(last) = consts.last() {
-        rec.row(Entry::Residual, t, &[
+        rec.row(Entry::Residual, total, &[
             u(h), eps, u(rw(h)), 1, u(x), u(r.acc_down), u(r.act_s), last.s_down, 0, 0, 0, 0, 0,
             u(r.flags + layers.len() - 1),
         ]);
@@ -1083,23 +1123,15 @@ impl GpuLayers {
             Some(c) => &c.layers,
             None => unreachable!("placed just above"),
         };
-        // Chunk after chunk, each attending to the keys before it and its own.
-        let mut done_rows = 0;
-        for &rows in chunks {
-            let at = Placement {
-                r: &r,
-                x: r.x + done_rows * h,
-                cos: r.cos + done_rows * hd,
-                t: rows,
-                pos0: pos0 + done_rows,
-                nk: pos0 + done_rows + rows,
-                cap,
-                kq_stride,
-                kf_stride,
-            };
-            record(&mut rec, s, layers, consts, &at)?;
-            done_rows += rows;
-        }
+        let at = Placement {
+            r: &r,
+            chunks,
+            pos0,
+            cap,
+            kq_stride,
+            kf_stride,
+        };
+        record(&mut rec, s, layers, consts, &at)?;
 
         // Uniforms, bind groups.
         changed |= Buf::ensure(
@@ -1475,7 +1507,29 @@ impl DeviceLayers for GpuLayers {
                         layers.len()
                     )));
                 }
-                self.run(shape, layers, inv_freq, x, &chunks, pos0, kv)
+                // The chunks in groups of at most GROUP_ROWS rows a submission (a group's row-wise
+                // operands and attention's, chunk by chunk, are held at once).
+                let (mut from, mut row) = (0, 0);
+                while from < chunks.len() {
+                    let mut to = from + 1;
+                    let mut rows = chunks[from];
+                    while to < chunks.len() && rows + chunks[to] <= GROUP_ROWS {
+                        rows += chunks[to];
+                        to += 1;
+                    }
+                    let xs = &mut x[row * shape.hidden..(row + rows) * shape.hidden];
+                    self.run(
+                        shape,
+                        layers,
+                        inv_freq,
+                        xs,
+                        &chunks[from..to],
+                        pos0 + row,
+                        kv,
+                    )?;
+                    (from, row) = (to, row + rows);
+                }
+                Ok(())
             }
             None => {
                 if pos0 != 0 || chunks.len() != 1 {
