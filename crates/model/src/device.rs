@@ -38,6 +38,15 @@ pub struct LayerShape {
     pub attn_scale: f32,
 }
 
+/// The head's last steps after a stage that ends the model, run by the device in the same pass:
+/// the final RMSNorm and the lm_head (int8, no bias) over the pass's last `rows` rows, giving the
+/// logits [`crate::Stage::logits`] would (the same bits).
+pub struct DeviceHead<'a> {
+    pub norm: &'a [f32],
+    pub lm_head: &'a PackedWeights,
+    pub rows: usize,
+}
+
 /// Runs Llama-family layers on a device with the CPU's bits.
 pub trait DeviceLayers: Send + Sync {
     /// The device, for logs and errors.
@@ -47,7 +56,8 @@ pub trait DeviceLayers: Send + Sync {
     /// the passes of `chunks` (their rows, in order, summing to `rows`) one after the other: each
     /// attends to the keys before it and its own, exactly as separate passes would (every step
     /// but attention is row by row). With `kv` the rows continue the keys it holds (the cached
-    /// path); without it they are the whole window (one chunk). `inv_freq` is RoPE's.
+    /// path); without it they are the whole window (one chunk). `inv_freq` is RoPE's. With `head`
+    /// it returns the logits of the last `head.rows` rows too (`rows × vocab`).
     #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
@@ -58,7 +68,8 @@ pub trait DeviceLayers: Send + Sync {
         chunks: &[usize],
         pos0: usize,
         kv: Option<&mut dyn DeviceKv>,
-    ) -> Result<()>;
+        head: Option<&DeviceHead<'_>>,
+    ) -> Result<Option<Vec<f32>>>;
 
     /// An empty KV cache for `layers` layers, in the device's memory.
     fn new_kv(&self, layers: usize) -> Box<dyn DeviceKv>;

@@ -23,7 +23,7 @@ mod source;
 mod stage;
 
 pub use block::StageCache;
-pub use device::{DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
+pub use device::{DeviceHead, DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
 pub use error::{Error, Result};
 pub use exp::exp;
 pub use gemm::Precision;

@@ -520,6 +520,21 @@ fn quantize_segments(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
 }
 
+// The logits: (f32(acc) * sa) * sb for the head's rows, 256 values a workgroup (r = t * S + s).
+// p0 V (values a row), p1 acc (T * V), p2 sa (fl), p3 sb (res), p4 out (fl, T * V), p5 S.
+@compute @workgroup_size(256)
+fn dequantize_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let r = row_of(wid, nwg);
+    if r >= P.n {
+        return;
+    }
+    let t = r / P.p5;
+    let j = (r % P.p5) * 256u + li;
+    if j < P.p0 {
+        fl[P.p4 + t * P.p0 + j] = dequant(accb(P.p1 + t * P.p0 + j), fl[P.p2 + t], res[P.p3 + j]);
+    }
+}
+
 // The live audit's operands (DESIGN §3.7): one workgroup a segment of the gather table in fl
 // (four words a segment: source (0 acc, 1 ops, 2 kq), its first word, the first word in fl, words),
 // each copied into fl for the read-back. p0 the table.

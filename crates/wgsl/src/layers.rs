@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use daisy_gemm_int8::{Backend, PackedWeights, reference_cell, splitmix};
-use daisy_model::{DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
+use daisy_model::{DeviceHead, DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
 
 use crate::backend::GpuBackend;
 use crate::device::Gpu;
@@ -58,12 +58,13 @@ enum Entry {
     AttnOut,
     Silu,
     Quantize,
+    Dequant,
     Gather,
     Zero,
 }
 
 impl Entry {
-    const ALL: [Entry; 9] = [
+    const ALL: [Entry; 10] = [
         Entry::Residual,
         Entry::QkvRope,
         Entry::ValuesT,
@@ -71,6 +72,7 @@ impl Entry {
         Entry::AttnOut,
         Entry::Silu,
         Entry::Quantize,
+        Entry::Dequant,
         Entry::Gather,
         Entry::Zero,
     ];
@@ -84,6 +86,7 @@ impl Entry {
             Entry::AttnOut => "attention_out_quantize",
             Entry::Silu => "gate_up_silu",
             Entry::Quantize => "quantize_segments",
+            Entry::Dequant => "dequantize_rows",
             Entry::Gather => "audit_gather",
             Entry::Zero => "zero_acc",
         }
@@ -214,6 +217,8 @@ struct Consts {
     ids: Vec<u64>,
     buffer: wgpu::Buffer,
     layers: Vec<LayerConsts>,
+    /// The final norm's weight and the lm_head's scales, for a stage that ends the model.
+    head: Option<(u32, u32)>,
 }
 
 #[derive(Clone, Copy)]
@@ -228,14 +233,15 @@ struct LayerConsts {
 }
 
 impl Consts {
-    fn ids(layers: &[LlamaLayer<'_>]) -> Vec<u64> {
+    fn ids(layers: &[LlamaLayer<'_>], head: Option<&DeviceHead<'_>>) -> Vec<u64> {
         layers
             .iter()
             .flat_map(|l| [l.qkv.id(), l.o.id(), l.gate_up.id(), l.down.id()])
+            .chain(head.map(|h| h.lm_head.id()))
             .collect()
     }
 
-    fn new(gpu: &Gpu, layers: &[LlamaLayer<'_>]) -> Result<Consts> {
+    fn new(gpu: &Gpu, layers: &[LlamaLayer<'_>], head: Option<&DeviceHead<'_>>) -> Result<Consts> {
         let mut words: Vec<u32> = Vec::new();
         let mut put = |v: &[f32]| -> u32 {
             let at = words.len();
@@ -255,6 +261,7 @@ impl Consts {
                 s_down: put(l.down.scales()),
             })
             .collect();
+        let head_consts = head.map(|h| (put(h.norm), put(h.lm_head.scales())));
         let bytes = (words.len() * 4) as u64;
         let buf = buffer(
             gpu,
@@ -265,9 +272,10 @@ impl Consts {
         gpu.queue
             .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
         Ok(Consts {
-            ids: Consts::ids(layers),
+            ids: Consts::ids(layers, head),
             buffer: buf,
             layers: placed,
+            head: head_consts,
         })
     }
 }
@@ -682,6 +690,11 @@ struct Chunk {
 /// Where everything of one pass lies (words).
 struct Regions {
     chunk: Chunk,
+    /// The head's logits and operand scales (fl), operands (ops) and accumulators (acc).
+    logits: usize,
+    s_head: usize,
+    a_head: usize,
+    acc_head: usize,
     // fl
     x: usize,
     flags: usize,
@@ -732,6 +745,8 @@ impl Regions {
     /// For `passes` chunks of at most `t` rows, `total` rows in all, `nk` keys at the end. The
     /// row-wise operands hold every row (the products run over all of them at once); attention's
     /// operands are a chunk's, one set a chunk (`chunk` words apart: see [`Regions::chunk`]).
+    /// With `head` (rows, vocabulary), the head's operands and logits.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         s: &LayerShape,
         layers: usize,
@@ -739,18 +754,23 @@ impl Regions {
         nk: usize,
         total: usize,
         passes: usize,
+        head: Option<(usize, usize)>,
     ) -> Regions {
+        let (hr, vocab) = head.unwrap_or((0, 0));
         let (h, hd, heads, g, i) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
         let qd = heads * hd;
         let w = qd + 2 * g * hd;
         let per_layer = audit_bound(h, false) * 2
             + audit_bound(qd, false)
             + audit_bound(i, false)
-            + passes * g * (audit_bound(hd, true) + audit_bound(nk, true));
-        let gemms = layers * (4 + passes * 2 * g);
+            + passes * g * (audit_bound(hd, true) + audit_bound(nk, true))
+            + audit_bound(h, false);
+        let gemms = layers * (4 + passes * 2 * g) + 1;
         let mut f = Cursor(0);
         let x = f.take(total * h);
         let flags = f.take(layers);
+        let logits = f.take(hr * vocab);
+        let s_head = f.take(hr);
         let audit = f.take(layers * per_layer);
         let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
         let cos = f.take(total * hd);
@@ -783,6 +803,7 @@ impl Regions {
         let p = o.take(passes * heads * t * rw(nk));
         let attn = o.take(total * rw(qd));
         let act = o.take(total * rw(i));
+        let a_head = o.take(hr * rw(h));
         let mut a = Cursor(0);
         let acc_qkv = a.take(total * w);
         let acc_scores = a.take(passes * heads * t * nk);
@@ -790,6 +811,7 @@ impl Regions {
         let acc_o = a.take(total * h);
         let acc_gu = a.take(total * 2 * i);
         let acc_down = a.take(total * h);
+        let acc_head = a.take(hr * vocab);
         let chunk = Chunk {
             q_s: heads * t,
             vt_s: g * hd,
@@ -804,6 +826,10 @@ impl Regions {
             chunk,
             x,
             flags,
+            logits,
+            s_head,
+            a_head,
+            acc_head,
             audit,
             gtab,
             cos,
@@ -844,10 +870,12 @@ fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
 }
 
 /// Where a pass's operands lie: its regions, chunks, positions and the KV cache's layout.
-struct Placement<'a> {
-    r: &'a Regions,
+struct Placement<'p, 'a> {
+    /// The head's final norm and lm_head, with the norm's and scales' places in the constants.
+    head: Option<(&'p DeviceHead<'a>, (u32, u32))>,
+    r: &'p Regions,
     /// The rows of each chunk, in order, from position `pos0`.
-    chunks: &'a [usize],
+    chunks: &'p [usize],
     pos0: usize,
     cap: usize,
     kq_stride: usize,
@@ -865,9 +893,9 @@ fn record<'a>(
     s: &LayerShape,
     layers: &[LlamaLayer<'a>],
     consts: &[LayerConsts],
-    at: &Placement<'_>,
+    at: &Placement<'_, 'a>,
 ) -> std::result::Result<(), daisy_model::Error> {
-    let Placement { r, chunks, pos0, cap, kq_stride, kf_stride } = *at;
+    let Placement { head, r, chunks, pos0, cap, kq_stride, kf_stride } = *at;
     let (h, hd, heads, g, inter) = (s.hidden, s.head_dim, s.heads, s.kv_heads, s.intermediate);
     let (group, qd) = (heads / g, heads * hd);
     let w = qd + 2 * g * hd;
@@ -963,6 +991,20 @@ fn record<'a>(
             u(r.flags + layers.len() - 1),
         ]);
     }
+    // The head's final norm and lm_head over the last rows, the logits dequantized.
+    if let Some((hd, (norm, s_lm))) = head {
+        let (hr, vocab) = (hd.rows, hd.lm_head.n());
+        rec.row(Entry::Residual, hr, &[
+            u(h), eps, u(rw(h)), 0, u(x + (total - hr) * h), 0, 0, 0, 1, norm, u(r.scratch),
+            u(r.a_head), u(r.s_head), 0,
+        ]);
+        rec.gemm("the lm_head".to_string(), r.a_head, hr, h, Rhs::Weights(hd.lm_head), vocab, r.acc_head);
+        let segs = vocab.div_ceil(256);
+        rec.row(Entry::Dequant, hr * segs, &[
+            u(vocab), u(r.acc_head), u(r.s_head), s_lm, u(r.logits), u(segs),
+        ]);
+        rec.flush_audit();
+    }
     Ok(())
 }
 
@@ -1035,16 +1077,17 @@ impl GpuLayers {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    fn run<'a>(
         &self,
         s: &LayerShape,
-        layers: &[LlamaLayer<'_>],
+        layers: &[LlamaLayer<'a>],
         inv_freq: &[f32],
         x: &mut [f32],
         chunks: &[usize],
         pos0: usize,
         kv: &mut GpuKv,
-    ) -> std::result::Result<(), daisy_model::Error> {
+        head: Option<&DeviceHead<'a>>,
+    ) -> std::result::Result<Option<Vec<f32>>, daisy_model::Error> {
         let backend = self.gpu_backend();
         let gpu = backend.gpu();
         let dev = |e: Error| model_err("the GPU stage", e);
@@ -1064,7 +1107,19 @@ impl GpuLayers {
         kv.ensure(gpu, g, hd, nk).map_err(dev)?;
         let cap = kv.cap;
         let (kq_stride, kf_stride) = GpuKv::strides(g, hd, cap);
-        let r = Regions::new(s, nl, t, nk, total, chunks.len());
+        if let Some(hd) = head
+            && (hd.lm_head.k() != h || hd.norm.len() != h || hd.rows == 0 || hd.rows > total)
+        {
+            return Err(daisy_model::Error::Invalid(format!(
+                "an lm_head of {}x{} and a norm of {} after {h}-wide rows, on {} of {total} rows",
+                hd.lm_head.n(),
+                hd.lm_head.k(),
+                hd.norm.len(),
+                hd.rows
+            )));
+        }
+        let head_rows = head.map(|hd| (hd.rows, hd.lm_head.n()));
+        let r = Regions::new(s, nl, t, nk, total, chunks.len(), head_rows);
 
         let mut guard = self.work.lock().unwrap_or_else(PoisonError::into_inner);
         let work = &mut *guard;
@@ -1099,9 +1154,9 @@ impl GpuLayers {
         if work
             .consts
             .as_ref()
-            .is_none_or(|c| c.ids != Consts::ids(layers))
+            .is_none_or(|c| c.ids != Consts::ids(layers, head))
         {
-            work.consts = Some(Consts::new(gpu, layers).map_err(dev)?);
+            work.consts = Some(Consts::new(gpu, layers, head).map_err(dev)?);
         }
 
         // Record every layer.
@@ -1119,11 +1174,12 @@ impl GpuLayers {
             tuning: backend.tuning(),
             dispatches: (0, 0),
         };
-        let consts = match &work.consts {
-            Some(c) => &c.layers,
+        let (consts, head_consts) = match &work.consts {
+            Some(c) => (&c.layers, c.head),
             None => unreachable!("placed just above"),
         };
         let at = Placement {
+            head: head.zip(head_consts),
             r: &r,
             chunks,
             pos0,
@@ -1179,8 +1235,13 @@ impl GpuLayers {
                 ],
             })
         };
-        for layer in layers {
-            for wt in [layer.qkv, layer.o, layer.gate_up, layer.down] {
+        let head_weights = head.map(|hd| hd.lm_head);
+        for wts in layers
+            .iter()
+            .map(|l| vec![l.qkv, l.o, l.gate_up, l.down])
+            .chain(head_weights.map(|w| vec![w]))
+        {
+            for wt in wts {
                 if let std::collections::hash_map::Entry::Vacant(slot) =
                     work.weight_groups.entry(wt.id())
                 {
@@ -1292,6 +1353,7 @@ impl GpuLayers {
         let submission = q.submit([encoder.finish()]);
         let submitted = Instant::now();
         let slice = readback.buffer.slice(0..read_bytes);
+        let mut logits: Option<Vec<f32>> = None;
         let (checked, done) = {
             let view = map_read(gpu, slice, submission).map_err(dev)?;
             let done = Instant::now();
@@ -1299,6 +1361,14 @@ impl GpuLayers {
             let rel = |at: usize| at - r.x;
             for (xv, wv) in x.iter_mut().zip(&words[rel(r.x)..rel(r.x) + total * h]) {
                 *xv = f32::from_bits(*wv);
+            }
+            if let Some((hr, vocab)) = head_rows {
+                logits = Some(
+                    words[rel(r.logits)..rel(r.logits) + hr * vocab]
+                        .iter()
+                        .map(|w| f32::from_bits(*w))
+                        .collect(),
+                );
             }
             let flags = &words[rel(r.flags)..rel(r.flags) + nl];
             let audit = &words[rel(r.audit)..];
@@ -1325,7 +1395,7 @@ impl GpuLayers {
                 done.elapsed(),
             ],
         );
-        Ok(())
+        Ok(logits)
     }
 }
 
@@ -1470,11 +1540,12 @@ impl DeviceLayers for GpuLayers {
         chunks: &[usize],
         pos0: usize,
         kv: Option<&mut dyn DeviceKv>,
-    ) -> std::result::Result<(), daisy_model::Error> {
+        head: Option<&DeviceHead<'_>>,
+    ) -> std::result::Result<Option<Vec<f32>>, daisy_model::Error> {
         let chunks: Vec<usize> = chunks.iter().copied().filter(|&c| c > 0).collect();
         let rows: usize = chunks.iter().sum();
         if rows == 0 || layers.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if x.len() != rows * shape.hidden {
             return Err(daisy_model::Error::Activation {
@@ -1508,8 +1579,9 @@ impl DeviceLayers for GpuLayers {
                     )));
                 }
                 // The chunks in groups of at most GROUP_ROWS rows a submission (a group's row-wise
-                // operands and attention's, chunk by chunk, are held at once).
-                let (mut from, mut row) = (0, 0);
+                // operands and attention's, chunk by chunk, are held at once); the head's rows are
+                // the last group's.
+                let (mut from, mut row, mut logits) = (0, 0, None);
                 while from < chunks.len() {
                     let mut to = from + 1;
                     let mut rows = chunks[from];
@@ -1518,7 +1590,11 @@ impl DeviceLayers for GpuLayers {
                         to += 1;
                     }
                     let xs = &mut x[row * shape.hidden..(row + rows) * shape.hidden];
-                    self.run(
+                    let group_head = head.filter(|_| to == chunks.len()).map(|hd| DeviceHead {
+                        rows: hd.rows.min(rows),
+                        ..*hd
+                    });
+                    logits = self.run(
                         shape,
                         layers,
                         inv_freq,
@@ -1526,10 +1602,11 @@ impl DeviceLayers for GpuLayers {
                         &chunks[from..to],
                         pos0 + row,
                         kv,
+                        group_head.as_ref(),
                     )?;
                     (from, row) = (to, row + rows);
                 }
-                Ok(())
+                Ok(logits)
             }
             None => {
                 if pos0 != 0 || chunks.len() != 1 {
@@ -1539,7 +1616,7 @@ impl DeviceLayers for GpuLayers {
                     )));
                 }
                 let mut local = GpuKv::new(layers.len());
-                self.run(shape, layers, inv_freq, x, &chunks, 0, &mut local)
+                self.run(shape, layers, inv_freq, x, &chunks, 0, &mut local, head)
             }
         }
     }

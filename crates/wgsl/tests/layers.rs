@@ -89,7 +89,17 @@ fn full_window(stages: &[Stage], prompt: &[u32]) -> Result<Hops, daisy_model::Er
         s.forward(&mut x, prompt.len(), 0, None)?;
         hops.push(x.iter().map(|v| v.to_bits()).collect());
     }
+    hops.push(last_logits(stages, &x)?);
     Ok(hops)
+}
+
+/// The head's logits of the last two rows of `x` (a stage that ends the model on a device has
+/// computed them with its pass), as bits.
+fn last_logits(stages: &[Stage], x: &[f32]) -> Result<Vec<u32>, daisy_model::Error> {
+    let h = stages[0].config().hidden_size;
+    let rows = (x.len() / h).min(2);
+    let logits = stages[0].logits(&x[x.len() - rows * h..], rows)?;
+    Ok(logits.iter().map(|v| v.to_bits()).collect())
 }
 
 /// The cached path: `prompt` in chunks of `chunks` rows, then `decode` rows one at a time, then
@@ -112,6 +122,7 @@ fn cached(
             s.forward(&mut x, ids.len(), pos, Some(c))?;
             hops.push(x.iter().map(|v| v.to_bits()).collect());
         }
+        hops.push(last_logits(stages, &x)?);
         Ok(())
     };
     let mut pos = 0;
@@ -157,6 +168,13 @@ fn cached_in_one_call(
             hops.push(a[pos * h..(pos + n) * h].to_vec());
         }
         pos += n;
+        // The logits of the chunk's last rows, from the rows alone (the device kept only the
+        // last chunk's).
+        let xs: Vec<f32> = after[after.len() - 1][..pos * h]
+            .iter()
+            .map(|b| f32::from_bits(*b))
+            .collect();
+        hops.push(last_logits(stages, &xs)?);
     }
     for &id in decode {
         let mut x = stages[0].embed(&[id], pos)?;
@@ -164,6 +182,7 @@ fn cached_in_one_call(
             s.forward(&mut x, 1, pos, Some(c))?;
             hops.push(x.iter().map(|v| v.to_bits()).collect());
         }
+        hops.push(last_logits(stages, &x)?);
         pos += 1;
     }
     Ok(hops)
@@ -257,9 +276,9 @@ fn layers_on_the_gpu_equal_the_cpu_on_both_paths() {
             case.name
         );
         eprintln!(
-            "{}: {} hops equal on the GPU's layers and the CPU's",
+            "{}: {} hops and logits equal on the GPU's layers and the CPU's",
             case.name,
-            want.len() + case.split.len()
+            want.len() + case.split.len() + 1
         );
     }
 }
@@ -288,6 +307,11 @@ fn mutant_row_kernels_change_the_bits() {
         (
             "if P.p3 == 1u {\n            c = narrow",
             "if false {\n            c = narrow",
+        ),
+        // The logits' dequantization without the weight's scale.
+        (
+            "dequant(accb(P.p1 + t * P.p0 + j), fl[P.p2 + t], res[P.p3 + j])",
+            "dequant(accb(P.p1 + t * P.p0 + j), fl[P.p2 + t], 0x3f800000u)",
         ),
         // The ordered sums (RMSNorm's, the softmax's) rounded to f32.
         ("sum = sum + v0;", "sum = widen(narrow(sum + v0));"),
