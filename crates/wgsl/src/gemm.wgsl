@@ -30,13 +30,14 @@ struct Dims {
     a0: u32,
     b0: u32,
     c0: u32,
-    // Independent products of one shape in one dispatch (attention's kv heads; 0 or 1: one), the
-    // z index's batch b at a0 + b * sa, b0 + b * sb, c0 + b * sc.
+    // Independent products of one shape in one dispatch (attention's chunks and kv heads; 0 or 1:
+    // one), the z index's batch b at a0 + b * sa, b0 + (b % b_mod) * sb (b_mod 0: b * sb),
+    // c0 + b * sc.
     batches: u32,
     sa: u32,
     sb: u32,
     sc: u32,
-    pad: u32,
+    b_mod: u32,
 }
 
 const TILE: u32 = 128u;     // output rows and columns per `tiled` workgroup
@@ -64,7 +65,11 @@ var<private> base_c: u32;
 // Places the operands of batch `bz`.
 fn set_batch(bz: u32) {
     base_a = dims.a0 + bz * dims.sa;
-    base_b = dims.b0 + bz * dims.sb;
+    var bb = bz;
+    if (dims.b_mod > 0u) {
+        bb = bz % dims.b_mod;
+    }
+    base_b = dims.b0 + bb * dims.sb;
     base_c = dims.c0 + bz * dims.sc;
 }
 

@@ -33,6 +33,14 @@ struct L {
     p15: u32,
     p16: u32,
     p17: u32,
+    p18: u32,
+    p19: u32,
+    p20: u32,
+    p21: u32,
+    p22: u32,
+    p23: u32,
+    p24: u32,
+    p25: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: L;
@@ -92,6 +100,25 @@ fn ordered_sum(base: u32, lo: u32, hi: u32, squares: bool, li: u32) -> f64 {
 fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     one = f64(bitcast<f32>(P.one_bits));
     return wid.x + wid.y * nwg.x;
+}
+
+// A pass's chunks (attention is chunk by chunk: each attends to the keys before it and its own).
+// `fl[rtab + r]` is row r's chunk k; `fl[ctab + 4k ..]` chunk k's first row, rows, first position
+// and keys (first position + rows). Attention's operands are laid out chunk after chunk, each with
+// TQ (the most rows a chunk has) rows a head and NK (the pass's keys) keys a row.
+struct ChunkRow {
+    k: u32,
+    // The row within its chunk.
+    i: u32,
+    rows: u32,
+    pos: u32,
+    nk: u32,
+}
+
+fn chunk_of_row(rtab: u32, ctab: u32, r: u32) -> ChunkRow {
+    let k = fl[rtab + r];
+    let c = ctab + 4u * k;
+    return ChunkRow(k, r - fl[c], fl[c + 1u], fl[c + 2u], fl[c + 3u]);
 }
 
 fn accb(i: u32) -> u32 {
@@ -228,8 +255,9 @@ fn residual_norm_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
 //   into the cache at position pos0 + t, the values kept as f32 in the cache.
 // p0 H, p1 G, p2 hd, p3 bias, p4 RW (words of a packed hd row), p5 acc, p6 sa (fl), p7 sb (res),
 // p8 bias (res), p9 cos (fl, T * hd/2; sin follows), p10 scratch (fl, T * (H + G) * hd),
-// p11 Q (ops), p12 Q's scales (fl), p13 K (kq, [g][cap] rows), p14 K's scales (kf, [g][cap]),
-// p15 V (kf, [g][cap][hd]), p16 cap, p17 pos0.
+// p11 Q (ops, [chunk][h][TQ] rows), p12 Q's scales (fl, likewise), p13 K (kq, [g][cap] rows),
+// p14 K's scales (kf, [g][cap]), p15 V (kf, [g][cap][hd]), p16 cap, p17 pos0, p18 rtab, p19 ctab,
+// p20 TQ.
 @compute @workgroup_size(256)
 fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = row_of(wid, nwg);
@@ -277,6 +305,7 @@ fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     // Every head of the row quantized at once: its max |x| (atomic), its 127 / max and scale (a
     // thread a head), then every packed word.
     let nh = heads + kv;
+    let cr = chunk_of_row(P.p18, P.p19, t);
     for (var i = li; i < 256u; i = i + 256u) {
         atomicStore(&wg_head_max[i], 0u);
     }
@@ -296,7 +325,7 @@ fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         wg_head_inv[head] = inv;
         let scale = row_scale(Quant(inv, tiny, mb));
         if head < heads {
-            fl[P.p12 + head * rows + t] = scale;
+            fl[P.p12 + (cr.k * heads + head) * P.p20 + cr.i] = scale;
         } else {
             kf[P.p14 + (head - heads) * cap + pos] = scale;
         }
@@ -308,29 +337,32 @@ fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         let mb = atomicLoad(&wg_head_max[head]);
         let word = pack4(scr + head * hd, hd, wd, Quant(wg_head_inv[head], mb < 0x00800000u, mb));
         if head < heads {
-            ops[P.p11 + (head * rows + t) * rw + wd] = word;
+            ops[P.p11 + ((cr.k * heads + head) * P.p20 + cr.i) * rw + wd] = word;
         } else {
             kq[P.p13 + ((head - heads) * cap + pos) * rw + wd] = word;
         }
     }
 }
 
-// Vᵀ for the values' product: one row per kv head g and value channel c over the nk keys present,
-// quantized on its own. One workgroup a row r = g * hd + c.
-// p0 nk, p1 hd, p2 RW (words of a packed nk row), p3 V (kf, [g][cap][hd]), p4 cap,
-// p5 scratch (fl, G * hd * nk), p6 q (ops), p7 scales (fl).
+// Vᵀ for the values' product, chunk by chunk: one row per chunk k, kv head g and value channel c
+// over the chunk's nk keys, quantized on its own into a row of NK keys (zero past nk). One
+// workgroup a row r = (k * G + g) * hd + c.
+// p0 NK, p1 hd, p2 RW (words of a packed NK row), p3 V (kf, [g][cap][hd]), p4 cap,
+// p5 scratch (fl, rows * NK), p6 q (ops), p7 scales (fl), p8 G * hd, p9 ctab.
 @compute @workgroup_size(256)
 fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let r = row_of(wid, nwg);
     if r >= P.n {
         return;
     }
-    let nk = P.p0;
     let hd = P.p1;
     let rw = P.p2;
-    let g = r / hd;
-    let c = r % hd;
-    let scr = P.p5 + r * nk;
+    let k = r / P.p8;
+    let rr = r % P.p8;
+    let nk = fl[P.p9 + 4u * k + 3u];
+    let g = rr / hd;
+    let c = rr % hd;
+    let scr = P.p5 + r * P.p0;
     var m = 0u;
     for (var j = li; j < nk; j = j + 256u) {
         let v = kf[P.p3 + (g * P.p4 + j) * hd + c];
@@ -340,16 +372,18 @@ fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     store_quantized(m, scr, nk, P.p6 + r * rw, rw, P.p7 + r, li);
 }
 
-// Attention's scores after their product, one workgroup a row r = h * T + t (query head h, token
-// t at position pos0 + t) of nk keys:
+// Attention's scores after their product, one workgroup a row r = (k * H + h) * TQ + t (chunk k,
+// query head h, the chunk's token t at position pos_k + t; rows past the chunk's skipped) of NK
+// keys:
 //   s = ((f32(acc) * sa) * sb) * scale on the row's visible keys [lo, hi), 0 elsewhere
 //   p = the contract's softmax of the visible run (max, e = exp(s - max), the f64 sum left to
 //       right, inv = f32(1 / sum), p = e * inv), masked entries exactly 0
 //   then p quantized as the values product's operand.
-// hi = min(pos0 + t + 1, nk); lo = pos0 + t + 1 - window (saturating; 0 without a window).
-// p0 nk, p1 scale bits, p2 RW (words of a packed nk row), p3 T, p4 pos0, p5 window (0: none),
-// p6 acc ([h][t][nk]), p7 sa (fl, Q's scales [h][t]), p8 sb (kf, K's scales [g][cap]),
-// p9 heads per kv head, p10 cap, p11 scratch (fl, H * T * nk), p12 q (ops), p13 scales (fl).
+// hi = pos_k + t + 1; lo = pos_k + t + 1 - window (saturating; 0 without a window).
+// p0 NK, p1 scale bits, p2 RW (words of a packed NK row), p3 TQ, p4 ctab, p5 window (0: none),
+// p6 acc ([k][h][TQ][NK]), p7 sa (fl, Q's scales [k][h][TQ]), p8 sb (kf, K's scales [g][cap]),
+// p9 heads per kv head, p10 cap, p11 scratch (fl, rows * NK), p12 q (ops), p13 scales (fl),
+// p14 H.
 @compute @workgroup_size(256)
 fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let r = row_of(wid, nwg);
@@ -359,8 +393,13 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let nk = P.p0;
     let rw = P.p2;
     let t = r % P.p3;
-    let g = (r / P.p3) / P.p9;
-    let qpos = P.p4 + t;
+    let head = (r / P.p3) % P.p14;
+    let c = P.p4 + 4u * (r / (P.p3 * P.p14));
+    if t >= fl[c + 1u] {
+        return;
+    }
+    let g = head / P.p9;
+    let qpos = fl[c + 2u] + t;
     let hi = min(qpos + 1u, nk);
     var lo = 0u;
     if P.p5 > 0u && qpos + 1u > P.p5 {
@@ -418,11 +457,12 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     store_quantized(m, row, nk, P.p12 + r * rw, rw, P.p13 + r, li);
 }
 
-// The attention output for the o product, one workgroup a token t: head h's values product
-// dequantized, (f32(acc) * sa) * sb with sa the probability row's scale and sb the Vᵀ row's,
-// placed at columns h * hd.., and the row of H * hd quantized.
-// p0 H, p1 G, p2 hd, p3 RW (words of a packed H * hd row), p4 acc ([h][t][c]), p5 sa (fl, [h][t]),
-// p6 sb (fl, [g][c]), p7 y (fl scratch, T * H * hd), p8 q (ops), p9 scales (fl).
+// The attention output for the o product, one workgroup a token t (of the pass; in chunk k at row
+// i): head h's values product dequantized, (f32(acc) * sa) * sb with sa the probability row's scale
+// and sb the chunk's Vᵀ row's, placed at columns h * hd.., and the row of H * hd quantized.
+// p0 H, p1 G, p2 hd, p3 RW (words of a packed H * hd row), p4 acc ([k][h][TQ][c]), p5 sa (fl,
+// [k][h][TQ]), p6 sb (fl, [k][g][c]), p7 y (fl scratch, T * H * hd), p8 q (ops), p9 scales (fl),
+// p10 rtab, p11 ctab, p12 TQ.
 @compute @workgroup_size(256)
 fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = row_of(wid, nwg);
@@ -436,11 +476,13 @@ fn attention_out_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     let qd = heads * hd;
     let group = heads / P.p1;
     let y = P.p7 + t * qd;
+    let cr = chunk_of_row(P.p10, P.p11, t);
     var m = 0u;
     for (var j = li; j < qd; j = j + 256u) {
         let h = j / hd;
         let c = j % hd;
-        let v = dequant(accb(P.p4 + (h * rows + t) * hd + c), fl[P.p5 + h * rows + t], fl[P.p6 + (h / group) * hd + c]);
+        let hr = (cr.k * heads + h) * P.p12 + cr.i;
+        let v = dequant(accb(P.p4 + hr * hd + c), fl[P.p5 + hr], fl[P.p6 + (cr.k * P.p1 + h / group) * hd + c]);
         fl[y + j] = v;
         m = max(m, v & 0x7fffffffu);
     }

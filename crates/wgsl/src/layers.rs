@@ -29,7 +29,7 @@ const LAYER_WGSL: &str = include_str!("layer.wgsl");
 /// Bytes of one dispatch's parameters in the uniform buffer (WebGPU's offset alignment).
 const SLOT: u64 = 256;
 /// Bytes of the row kernels' `L`.
-const L_BYTES: u64 = 80;
+const L_BYTES: u64 = 112;
 /// Words every region starts on (a vec4 word for the GEMM kernel, 256 bytes in all).
 const ALIGN_WORDS: usize = 64;
 /// Columns of one audited block: two blocks and two rows give 16 cells a product, as many as the
@@ -467,6 +467,8 @@ struct Batch {
     a: usize,
     b: usize,
     c: usize,
+    /// B's batch index is the batch's modulo this (0: the batch's own).
+    b_mod: usize,
 }
 
 impl Batch {
@@ -475,7 +477,12 @@ impl Batch {
         a: 0,
         b: 0,
         c: 0,
+        b_mod: 0,
     };
+
+    fn b_index(&self, i: usize) -> usize {
+        if self.b_mod > 0 { i % self.b_mod } else { i }
+    }
 }
 
 /// A pass's commands as they are recorded: parameters, audits and the gather table.
@@ -572,7 +579,7 @@ impl<'a> Recorder<'a> {
             (batch.a / 4) as u32,
             (batch.b / 4) as u32,
             batch.c as u32,
-            0,
+            batch.b_mod as u32,
         ];
         let slot = self.slot(&dims);
         match grid.gemv {
@@ -596,8 +603,8 @@ impl<'a> Recorder<'a> {
         for i in 0..count {
             let b = match b {
                 Rhs::Weights(w) => Rhs::Weights(w),
-                Rhs::Ops(at) => Rhs::Ops(at + i * batch.b),
-                Rhs::Kv(at) => Rhs::Kv(at + i * batch.b),
+                Rhs::Ops(at) => Rhs::Ops(at + batch.b_index(i) * batch.b),
+                Rhs::Kv(at) => Rhs::Kv(at + batch.b_index(i) * batch.b),
             };
             self.audit(what(i), a + i * batch.a, t, k, b, n, c + i * batch.c);
         }
@@ -674,22 +681,11 @@ fn audit_bound(k: usize, b_rows: bool) -> usize {
     2 * rw(k) + 4 * AUDIT_BLOCK + if b_rows { 2 * AUDIT_BLOCK * rw(k) } else { 0 }
 }
 
-/// The words from one chunk's attention operands to the next's.
-#[derive(Clone, Copy)]
-struct Chunk {
-    q_s: usize,
-    vt_s: usize,
-    p_s: usize,
-    q: usize,
-    vt: usize,
-    p: usize,
-    acc_scores: usize,
-    acc_values: usize,
-}
-
 /// Where everything of one pass lies (words).
 struct Regions {
-    chunk: Chunk,
+    /// Each row's chunk, and each chunk's first row, rows, first position and keys (fl).
+    rtab: usize,
+    ctab: usize,
     /// The head's logits and operand scales (fl), operands (ops) and accumulators (acc).
     logits: usize,
     s_head: usize,
@@ -744,7 +740,7 @@ impl Cursor {
 impl Regions {
     /// For `passes` chunks of at most `t` rows, `total` rows in all, `nk` keys at the end. The
     /// row-wise operands hold every row (the products run over all of them at once); attention's
-    /// operands are a chunk's, one set a chunk (`chunk` words apart: see [`Regions::chunk`]).
+    /// are laid out chunk after chunk, `t` rows a head and `nk` keys a row each.
     /// With `head` (rows, vocabulary), the head's operands and logits.
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -774,6 +770,8 @@ impl Regions {
         let audit = f.take(layers * per_layer);
         let gtab = f.take(gemms * AUDIT_SEGMENTS * 4);
         let cos = f.take(total * hd);
+        let rtab = f.take(total);
+        let ctab = f.take(passes * 4);
         let s_in = f.take(total);
         let s_post = f.take(total);
         let q_s = f.take(passes * heads * t);
@@ -785,10 +783,10 @@ impl Regions {
         let scratch = f.take(
             [
                 total * h,
-                t * (heads + g) * hd,
-                g * hd * nk,
-                heads * t * nk,
-                t * qd,
+                total * (heads + g) * hd,
+                passes * g * hd * nk,
+                passes * heads * t * nk,
+                total * qd,
                 total * i,
             ]
             .into_iter()
@@ -812,18 +810,9 @@ impl Regions {
         let acc_gu = a.take(total * 2 * i);
         let acc_down = a.take(total * h);
         let acc_head = a.take(hr * vocab);
-        let chunk = Chunk {
-            q_s: heads * t,
-            vt_s: g * hd,
-            p_s: heads * t,
-            q: heads * t * rw(hd),
-            vt: g * hd * rw(nk),
-            p: heads * t * rw(nk),
-            acc_scores: heads * t * nk,
-            acc_values: heads * t * hd,
-        };
         Regions {
-            chunk,
+            rtab,
+            ctab,
             x,
             flags,
             logits,
@@ -902,6 +891,8 @@ fn record<'a>(
     let u = |v: usize| v as u32;
     let eps = s.eps.to_bits();
     let total: usize = chunks.iter().sum();
+    let tmax = chunks.iter().copied().max().unwrap_or(0);
+    let nk = pos0 + total;
     let x = r.x;
     for (l, (layer, c)) in layers.iter().zip(consts).enumerate() {
         let name = |what: &str| format!("layer {} {what}", layer.index);
@@ -927,42 +918,37 @@ fn record<'a>(
         ]);
         rec.gemm(name("q/k/v projection"), r.a_in, total, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
         let (kq0, kf0) = (l * kq_stride, l * kf_stride);
-        let mut off = 0;
-        for (k, &t) in chunks.iter().enumerate() {
-            let (pos, nk) = (pos0 + off, pos0 + off + t);
-            let ch = r.chunk;
-            let (q, q_s, vt, vt_s) = (r.q + k * ch.q, r.q_s + k * ch.q_s, r.vt + k * ch.vt, r.vt_s + k * ch.vt_s);
-            let (p, p_s) = (r.p + k * ch.p, r.p_s + k * ch.p_s);
-            let (acc_scores, acc_values) = (r.acc_scores + k * ch.acc_scores, r.acc_values + k * ch.acc_values);
-            rec.row(Entry::QkvRope, t, &[
-                u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv + off * w),
-                u(r.s_in + off), c.s_qkv, c.bias.unwrap_or(0), u(r.cos + off * hd), u(r.scratch), u(q),
-                u(q_s), u(kq0), u(kf0), u(kf0 + g * cap), u(cap), u(pos),
-            ]);
-            rec.row(Entry::ValuesT, g * hd, &[
-                u(nk), u(hd), u(rw(nk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(vt), u(vt_s),
-            ]);
-            // Every kv head's products in one dispatch.
-            rec.gemms(
-                &|gi| name(&format!("attention scores of kv head {gi}")),
-                q, group * t, hd, Rhs::Kv(kq0), nk, acc_scores,
-                Batch { count: g, a: group * t * rw(hd), b: cap * rw(hd), c: group * t * nk },
-            );
-            rec.row(Entry::Softmax, heads * t, &[
-                u(nk), s.attn_scale.to_bits(), u(rw(nk)), u(t), u(pos), u(window), u(acc_scores),
-                u(q_s), u(kf0), u(group), u(cap), u(r.scratch), u(p), u(p_s),
-            ]);
-            rec.gemms(
-                &|gi| name(&format!("attention values of kv head {gi}")),
-                p, group * t, nk, Rhs::Ops(vt), hd, acc_values,
-                Batch { count: g, a: group * t * rw(nk), b: hd * rw(nk), c: group * t * hd },
-            );
-            rec.row(Entry::AttnOut, t, &[
-                u(heads), u(g), u(hd), u(rw(qd)), u(acc_values), u(p_s), u(vt_s), u(r.scratch),
-                u(r.attn + off * rw(qd)), u(r.attn_s + off),
-            ]);
-            off += t;
-        }
+        // Attention, every chunk in each dispatch: a chunk's operands are TQ rows a head and NK
+        // keys a row (its own keys, zero past them: the products' sums are the chunk's alone).
+        let (tq, nkk, passes) = (tmax, nk, chunks.len());
+        rec.row(Entry::QkvRope, total, &[
+            u(heads), u(g), u(hd), u32::from(c.bias.is_some()), u(rw(hd)), u(r.acc_qkv), u(r.s_in),
+            c.s_qkv, c.bias.unwrap_or(0), u(r.cos), u(r.scratch), u(r.q), u(r.q_s), u(kq0), u(kf0),
+            u(kf0 + g * cap), u(cap), u(pos0), u(r.rtab), u(r.ctab), u(tq),
+        ]);
+        rec.row(Entry::ValuesT, passes * g * hd, &[
+            u(nkk), u(hd), u(rw(nkk)), u(kf0 + g * cap), u(cap), u(r.scratch), u(r.vt), u(r.vt_s),
+            u(g * hd), u(r.ctab),
+        ]);
+        let chunk_head = |what: &str, i: usize| name(&format!("attention {what} of kv head {} in chunk {}", i % g, i / g));
+        rec.gemms(
+            &|i| chunk_head("scores", i),
+            r.q, group * tq, hd, Rhs::Kv(kq0), nkk, r.acc_scores,
+            Batch { count: passes * g, a: group * tq * rw(hd), b: cap * rw(hd), c: group * tq * nkk, b_mod: g },
+        );
+        rec.row(Entry::Softmax, passes * heads * tq, &[
+            u(nkk), s.attn_scale.to_bits(), u(rw(nkk)), u(tq), u(r.ctab), u(window), u(r.acc_scores),
+            u(r.q_s), u(kf0), u(group), u(cap), u(r.scratch), u(r.p), u(r.p_s), u(heads),
+        ]);
+        rec.gemms(
+            &|i| chunk_head("values", i),
+            r.p, group * tq, nkk, Rhs::Ops(r.vt), hd, r.acc_values,
+            Batch { count: passes * g, a: group * tq * rw(nkk), b: hd * rw(nkk), c: group * tq * hd, b_mod: 0 },
+        );
+        rec.row(Entry::AttnOut, total, &[
+            u(heads), u(g), u(hd), u(rw(qd)), u(r.acc_values), u(r.p_s), u(r.vt_s), u(r.scratch),
+            u(r.attn), u(r.attn_s), u(r.rtab), u(r.ctab), u(tq),
+        ]);
         rec.gemm(name("attention output projection"), r.attn, total, qd, Rhs::Weights(layer.o), h, r.acc_o);
         rec.row(Entry::Residual, total, &[
             u(h), eps, u(rw(h)), 1, u(x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
@@ -1277,19 +1263,27 @@ impl GpuLayers {
             wb(r.flags),
             bytemuck::cast_slice(&vec![0u32; nl.max(1)]),
         );
-        // Each chunk's cos rows, then its sin rows.
+        // The pass's cos rows, then its sin rows.
         let mut tables = vec![0f32; 2 * total * half];
-        let mut row = pos0;
-        let mut rest = &mut tables[..];
-        for &rows in chunks {
-            let (chunk, tail) = rest.split_at_mut(2 * rows * half);
-            let (cos, sin) = chunk.split_at_mut(rows * half);
-            for (c, s) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)) {
-                daisy_model::rope_cos_sin(row, &inv_freq[..half], c, s);
-                row += 1;
-            }
-            rest = tail;
+        let (cos, sin) = tables.split_at_mut(total * half);
+        for (row, (c, s)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
+            daisy_model::rope_cos_sin(pos0 + row, &inv_freq[..half], c, s);
         }
+        // Each row's chunk; each chunk's first row, rows, first position and keys.
+        let mut rtab = Vec::with_capacity(total);
+        let mut ctab = Vec::with_capacity(4 * chunks.len());
+        let mut off = 0;
+        for (k, &rows) in chunks.iter().enumerate() {
+            rtab.extend(std::iter::repeat_n(k as u32, rows));
+            ctab.extend([off, rows, pos0 + off, pos0 + off + rows].map(|v| v as u32));
+            off += rows;
+        }
+        q.write_buffer(&fl.buffer, wb(r.rtab), bytemuck::cast_slice(&rtab));
+        q.write_buffer(&fl.buffer, wb(r.ctab), bytemuck::cast_slice(&ctab));
         q.write_buffer(&fl.buffer, wb(r.cos), bytemuck::cast_slice(&tables));
         let gtab: Vec<u32> = rec.gather.iter().flatten().copied().collect();
         if !gtab.is_empty() {
