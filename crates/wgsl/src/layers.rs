@@ -39,7 +39,7 @@ const AUDIT_BLOCK: usize = 4;
 const AUDIT_SEGMENTS: usize = 8;
 
 /// Rows of chunks a submission takes at most (a single longer chunk is a submission alone).
-const GROUP_ROWS: usize = 512;
+const GROUP_ROWS: usize = 1024;
 
 static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_1A7E_0000_0000);
 
