@@ -390,14 +390,19 @@ impl Stage {
             .device_logits
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The device may give fewer rows than asked (those of its last submission): the logits'
+        // own length says how many.
         *kept = match (logits, head) {
-            (Some(l), Some(hd)) => Some((
-                x[(rows - hd.rows) * cfg.hidden_size..]
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect(),
-                l,
-            )),
+            (Some(l), Some(hd)) if hd.lm_head.n() > 0 && l.len() / hd.lm_head.n() <= rows => {
+                let got = l.len() / hd.lm_head.n();
+                Some((
+                    x[(rows - got) * cfg.hidden_size..]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect(),
+                    l,
+                ))
+            }
             _ => None,
         };
         Ok(())

@@ -40,6 +40,8 @@ const AUDIT_SEGMENTS: usize = 8;
 
 /// Rows of chunks a submission takes at most (a single longer chunk is a submission alone).
 const GROUP_ROWS: usize = 1024;
+/// Words of a group's attention scores (chunks × heads × rows × keys) at most, past one chunk.
+const GROUP_ATTENTION_WORDS: usize = 1 << 24;
 
 static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_1A7E_0000_0000);
 
@@ -1000,6 +1002,8 @@ pub struct GpuLayers {
     backend: Arc<dyn Backend>,
     pipes: Pipes,
     work: Mutex<Work>,
+    /// Rows of chunks a submission takes at most ([`GROUP_ROWS`]).
+    group_rows: usize,
 }
 
 impl std::fmt::Debug for GpuLayers {
@@ -1043,7 +1047,14 @@ impl GpuLayers {
             backend,
             pipes,
             work: Mutex::new(Work::default()),
+            group_rows: GROUP_ROWS,
         }))
+    }
+
+    /// Sets the rows of chunks a submission takes at most (a longer chunk is one alone). Any value
+    /// gives the same bits; this is for tests and benchmarks.
+    pub fn set_group_rows(&mut self, rows: usize) {
+        self.group_rows = rows.max(1);
     }
 
     /// The layer kernels' WGSL.
@@ -1572,15 +1583,26 @@ impl DeviceLayers for GpuLayers {
                         layers.len()
                     )));
                 }
-                // The chunks in groups of at most GROUP_ROWS rows a submission (a group's row-wise
+                // The chunks in groups of at most `group_rows` rows a submission (a group's row-wise
                 // operands and attention's, chunk by chunk, are held at once); the head's rows are
                 // the last group's.
                 let (mut from, mut row, mut logits) = (0, 0, None);
                 while from < chunks.len() {
                     let mut to = from + 1;
                     let mut rows = chunks[from];
-                    while to < chunks.len() && rows + chunks[to] <= GROUP_ROWS {
+                    // Attention's operands of a group are its chunks' rows a head times the
+                    // group's last key: bounded too.
+                    let attention = |chunks: usize, tmax: usize, rows: usize| {
+                        chunks * shape.heads * tmax * (pos0 + row + rows)
+                    };
+                    let mut tmax = chunks[from];
+                    while to < chunks.len()
+                        && rows + chunks[to] <= self.group_rows
+                        && attention(to + 1 - from, tmax.max(chunks[to]), rows + chunks[to])
+                            <= GROUP_ATTENTION_WORDS
+                    {
                         rows += chunks[to];
+                        tmax = tmax.max(chunks[to]);
                         to += 1;
                     }
                     let xs = &mut x[row * shape.hidden..(row + rows) * shape.hidden];

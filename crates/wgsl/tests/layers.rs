@@ -266,6 +266,24 @@ fn layers_on_the_gpu_equal_the_cpu_on_both_paths() {
             &got,
             &want[..got.len()].to_vec(),
         );
+        // The same with the chunks in several submissions (groups of at most 16 rows).
+        let mut grouped = GpuLayers::with_source(Arc::clone(&backend), GpuLayers::layer_source())
+            .unwrap()
+            .unwrap();
+        grouped.set_group_rows(16);
+        let grouped = Arc::new(grouped);
+        let got = cached_in_one_call(
+            &stages(&ckpt, &case.split, Some(&grouped)),
+            &prompt,
+            &case.chunks,
+            &decode,
+        )
+        .unwrap();
+        compare(
+            &format!("{} cached, chunks in submissions of 16 rows", case.name),
+            &got,
+            &want[..got.len()].to_vec(),
+        );
         // Mutation: the chunks' boundaries matter (the values' quantization is over the keys
         // present), so a device that ran the prompt as one chunk would be seen.
         let merged = cached_in_one_call(&on_gpu, &prompt, &[case.prompt], &decode).unwrap();
