@@ -631,6 +631,7 @@ impl Stage {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((bits, logits)) = kept.as_ref()
+            && !x.is_empty()
             && let Some(skip) = bits.len().checked_sub(x.len())
             && bits[skip..].iter().zip(x).all(|(b, v)| *b == v.to_bits())
         {
