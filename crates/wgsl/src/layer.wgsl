@@ -106,19 +106,27 @@ fn row_of(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // `fl[rtab + r]` is row r's chunk k; `fl[ctab + 4k ..]` chunk k's first row, rows, first position
 // and keys (first position + rows). Attention's operands are laid out chunk after chunk, each with
 // TQ (the most rows a chunk has) rows a head and NK (the pass's keys) keys a row.
-struct ChunkRow {
-    k: u32,
-    // The row within its chunk.
-    i: u32,
+struct Chunk {
+    first: u32,
     rows: u32,
     pos: u32,
     nk: u32,
 }
 
+fn chunk_at(ctab: u32, k: u32) -> Chunk {
+    let c = ctab + 4u * k;
+    return Chunk(fl[c], fl[c + 1u], fl[c + 2u], fl[c + 3u]);
+}
+
+// Row r's chunk k and its row i within it.
+struct ChunkRow {
+    k: u32,
+    i: u32,
+}
+
 fn chunk_of_row(rtab: u32, ctab: u32, r: u32) -> ChunkRow {
     let k = fl[rtab + r];
-    let c = ctab + 4u * k;
-    return ChunkRow(k, r - fl[c], fl[c + 1u], fl[c + 2u], fl[c + 3u]);
+    return ChunkRow(k, r - chunk_at(ctab, k).first);
 }
 
 fn accb(i: u32) -> u32 {
@@ -138,10 +146,8 @@ struct Quant {
     max: u32,
 }
 
-// The row's max |y| from every thread's `m` (f32 magnitudes as bits order as unsigned integers).
-// Called by every thread of the workgroup; the row's values must be visible to all (a storage
-// barrier before).
-fn row_quant(m: u32, li: u32) -> Quant {
+// The largest of every thread's `m`, for every thread. Called by every thread of the workgroup.
+fn workgroup_max(m: u32, li: u32) -> u32 {
     wg_max[li] = m;
     workgroupBarrier();
     for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
@@ -153,6 +159,14 @@ fn row_quant(m: u32, li: u32) -> Quant {
     let mb = wg_max[0];
     // Every thread has read the max before any can start another reduction.
     workgroupBarrier();
+    return mb;
+}
+
+// The row's max |y| from every thread's `m` (f32 magnitudes as bits order as unsigned integers).
+// Called by every thread of the workgroup; the row's values must be visible to all (a storage
+// barrier before).
+fn row_quant(m: u32, li: u32) -> Quant {
+    let mb = workgroup_max(m, li);
     let tiny = mb < 0x00800000u;
     var inv = 0u;
     if !tiny {
@@ -306,9 +320,7 @@ fn qkv_rope_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     // thread a head), then every packed word.
     let nh = heads + kv;
     let cr = chunk_of_row(P.p18, P.p19, t);
-    for (var i = li; i < 256u; i = i + 256u) {
-        atomicStore(&wg_head_max[i], 0u);
-    }
+    atomicStore(&wg_head_max[li], 0u);
     storageBarrier();
     workgroupBarrier();
     for (var idx = li; idx < nh * hd; idx = idx + 256u) {
@@ -359,7 +371,7 @@ fn values_transposed_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     let rw = P.p2;
     let k = r / P.p8;
     let rr = r % P.p8;
-    let nk = fl[P.p9 + 4u * k + 3u];
+    let nk = chunk_at(P.p9, k).nk;
     let g = rr / hd;
     let c = rr % hd;
     let scr = P.p5 + r * P.p0;
@@ -394,12 +406,12 @@ fn scores_softmax_quantize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let rw = P.p2;
     let t = r % P.p3;
     let head = (r / P.p3) % P.p14;
-    let c = P.p4 + 4u * (r / (P.p3 * P.p14));
-    if t >= fl[c + 1u] {
+    let c = chunk_at(P.p4, r / (P.p3 * P.p14));
+    if t >= c.rows {
         return;
     }
     let g = head / P.p9;
-    let qpos = fl[c + 2u] + t;
+    let qpos = c.pos + t;
     let hi = min(qpos + 1u, nk);
     var lo = 0u;
     if P.p5 > 0u && qpos + 1u > P.p5 {
@@ -516,16 +528,9 @@ fn gate_up_silu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         fl[P.p5 + t * n + j] = a;
         m = a & 0x7fffffffu;
     }
-    wg_max[li] = m;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride = stride >> 1u) {
-        if li < stride {
-            wg_max[li] = max(wg_max[li], wg_max[li + stride]);
-        }
-        workgroupBarrier();
-    }
+    let mb = workgroup_max(m, li);
     if li == 0u {
-        fl[P.p9 + r] = wg_max[0];
+        fl[P.p9 + r] = mb;
     }
 }
 

@@ -180,16 +180,14 @@ impl std::fmt::Display for GpuProfile {
         if !self.kernels.is_empty() {
             let total: f64 = self.kernels.iter().map(|k| k.2).sum();
             write!(f, "; GPU time {:.3} s by kernel:", total)?;
-            for (name, n, s) in &self.kernels {
+            for (i, (name, n, s)) in self.kernels.iter().enumerate() {
                 write!(
                     f,
-                    " {name} {:.1}% ({n} × {:.1} µs)",
+                    "{} {name} {:.1}% ({n} × {:.1} µs)",
+                    if i == 0 { "" } else { "," },
                     100.0 * s / total.max(1e-12),
                     s * 1e6 / (*n).max(1) as f64
                 )?;
-                if name != &self.kernels[self.kernels.len() - 1].0 {
-                    write!(f, ",")?;
-                }
             }
         }
         Ok(())

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use daisy_gemm_int8::Backend;
 use daisy_loader::Checkpoint;
-use daisy_model::{Precision, Stage};
+use daisy_model::{Precision, Stage, StageCache};
 use daisy_wgsl::{DOT4_SHIFT_WGSL, Error, GEMM_WGSL, GpuBackend, GpuLayers, Kernel};
 
 const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
@@ -112,26 +112,13 @@ fn cached(
 ) -> Result<Hops, daisy_model::Error> {
     let mut caches: Vec<_> = stages.iter().map(Stage::new_cache).collect();
     let mut hops = Vec::new();
-    let call = |ids: &[u32],
-                pos: usize,
-                caches: &mut [daisy_model::StageCache],
-                hops: &mut Hops|
-     -> Result<(), daisy_model::Error> {
-        let mut x = stages[0].embed(ids, pos)?;
-        for (s, c) in stages.iter().zip(caches.iter_mut()) {
-            s.forward(&mut x, ids.len(), pos, Some(c))?;
-            hops.push(x.iter().map(|v| v.to_bits()).collect());
-        }
-        hops.push(last_logits(stages, &x)?);
-        Ok(())
-    };
     let mut pos = 0;
     for &n in chunks {
-        call(&prompt[pos..pos + n], pos, &mut caches, &mut hops)?;
+        pass(stages, &prompt[pos..pos + n], pos, &mut caches, &mut hops)?;
         pos += n;
     }
     for &id in decode {
-        call(&[id], pos, &mut caches, &mut hops)?;
+        pass(stages, &[id], pos, &mut caches, &mut hops)?;
         pos += 1;
     }
     pos -= 2;
@@ -139,10 +126,28 @@ fn cached(
         c.truncate(pos);
     }
     for &id in &decode[..2] {
-        call(&[id ^ 1], pos, &mut caches, &mut hops)?;
+        pass(stages, &[id ^ 1], pos, &mut caches, &mut hops)?;
         pos += 1;
     }
     Ok(hops)
+}
+
+/// One cached pass of `ids` at `pos` through every stage: the hidden-state bits after each, then
+/// the head's logits of the last rows.
+fn pass(
+    stages: &[Stage],
+    ids: &[u32],
+    pos: usize,
+    caches: &mut [StageCache],
+    hops: &mut Hops,
+) -> Result<(), daisy_model::Error> {
+    let mut x = stages[0].embed(ids, pos)?;
+    for (s, c) in stages.iter().zip(caches.iter_mut()) {
+        s.forward(&mut x, ids.len(), pos, Some(c))?;
+        hops.push(x.iter().map(|v| v.to_bits()).collect());
+    }
+    hops.push(last_logits(stages, &x)?);
+    Ok(())
 }
 
 /// [`cached`] with the prompt's chunks in one call a stage (`Stage::forward_chunks`: one
@@ -177,12 +182,7 @@ fn cached_in_one_call(
         hops.push(last_logits(stages, &xs)?);
     }
     for &id in decode {
-        let mut x = stages[0].embed(&[id], pos)?;
-        for (s, c) in stages.iter().zip(caches.iter_mut()) {
-            s.forward(&mut x, 1, pos, Some(c))?;
-            hops.push(x.iter().map(|v| v.to_bits()).collect());
-        }
-        hops.push(last_logits(stages, &x)?);
+        pass(stages, &[id], pos, &mut caches, &mut hops)?;
         pos += 1;
     }
     Ok(hops)
