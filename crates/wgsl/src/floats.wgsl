@@ -5,9 +5,11 @@
 //
 // Three rules make a driver reproduce the contract:
 // - No contraction. naga's SPIR-V carries no `NoContraction`, so a driver may fuse `a * b + c` into
-//   one rounding. Every product that feeds an addition goes through `g`, a multiply by a 1.0 the
-//   compiler cannot see (it comes from the uniform): `g(a * b) + c` may still be fused, but only
-//   as `fma(a * b, 1, c)`, whose one rounding is that of the addition alone.
+//   one rounding. Every product that feeds an addition goes through `g`, a choice between the
+//   product and its negation on a condition the compiler cannot see (it comes from the uniform and
+//   is false): the addition's operand is a select, not a multiply, so nothing fuses into it. (A
+//   multiply by a 1.0 from the uniform is not enough: NVIDIA's compiler fused through it, and the
+//   H100's quotients and roots below came out an ulp off in a tenth to a fifth of the lanes.)
 // - No subnormal through the float unit. `widen` and `narrow` build and take apart f32 subnormals
 //   in integers; f32 arithmetic is done in f64 on widened operands and narrowed once, which is the
 //   correctly rounded f32 result for +, -, * (53 >= 2 * 24 + 2).
@@ -22,9 +24,9 @@
 
 var<private> one: f64;
 
-// A product rounded on its own (see the first rule).
+// A product rounded on its own (see the first rule): `x`, as `one` (1.0) is never negative.
 fn g(x: f64) -> f64 {
-    return x * one;
+    return select(x, -x, one < 0.0lf);
 }
 
 // 2^k for |k| <= 1023, exactly (`ldexp` scales by a power of two without rounding).

@@ -4,7 +4,7 @@
 struct Params {
     // Lanes (elementwise entry points) or rows (row entry points).
     n: u32,
-    // 1.0f32 as bits; `one` is its f64 widening, the value `g` multiplies by.
+    // 1.0f32 as bits; `one` is its f64 widening, the value `g` tests (never negative).
     one_bits: u32,
     // Shapes and scalars of the row entry points.
     d0: u32,

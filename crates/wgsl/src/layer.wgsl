@@ -13,7 +13,7 @@
 struct L {
     // Rows of the dispatch.
     n: u32,
-    // 1.0f32 as bits (`one`, the value `g` multiplies by).
+    // 1.0f32 as bits (`one`, the value `g` tests: never negative).
     one_bits: u32,
     p0: u32,
     p1: u32,
