@@ -141,6 +141,16 @@ pub fn load_stage(
         .context(|| format!("stage {index}: weights onto {}", backend.name()))?;
     run_layers_on_device(&mut stage, backend)
         .context(|| format!("stage {index}: layers onto {}", backend.name()))?;
+    // The first prompt after loading should not find the card at its idle clock.
+    let warmed = daisy_wgsl::warm_up(&**backend)
+        .context(|| format!("stage {index}: warming up {}", backend.name()))?;
+    if !warmed.is_zero() {
+        eprintln!(
+            "stage {index}: kept {} busy for {} ms to raise its clock",
+            backend.name(),
+            warmed.as_millis()
+        );
+    }
     Ok(stage)
 }
 

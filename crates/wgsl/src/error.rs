@@ -63,6 +63,13 @@ pub enum Error {
     /// The weights handle was uploaded by another backend (another device).
     #[error("weights {id} belong to another gpu backend, expected weights uploaded by this one")]
     ForeignWeights { id: u64 },
+    /// An environment setting that does not parse.
+    #[error("{name}={got:?} is not valid, expected {expected}")]
+    Setting {
+        name: &'static str,
+        got: String,
+        expected: &'static str,
+    },
     /// `--backend` named something else.
     #[error("unknown backend {got:?}, expected auto, cpu or gpu")]
     UnknownBackend { got: String },

@@ -690,17 +690,7 @@ pub(crate) fn kernel_seconds(
     let (placed, need) = place(jobs);
     let bufs = scratch.ensure(gpu, &need);
     let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
-    let wait = |submission| {
-        gpu.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
-            .map_err(|e| Error::ReadBack {
-                adapter: gpu.adapter_name(),
-                reason: e.to_string(),
-            })
-    };
+    let wait = |submission| wait_for(gpu, submission);
     let run = |reps: usize| {
         let mut encoder = gpu
             .device
@@ -731,6 +721,75 @@ pub(crate) fn kernel_seconds(
     let secs = start.elapsed().as_secs_f64();
     gpu.take_error()?;
     Ok(secs / reps.max(1) as f64)
+}
+
+/// Blocks until `submission` has run.
+fn wait_for(gpu: &Gpu, submission: wgpu::SubmissionIndex) -> Result<()> {
+    gpu.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: Some(submission),
+            timeout: None,
+        })
+        .map(|_| ())
+        .map_err(|e| Error::ReadBack {
+            adapter: gpu.adapter_name(),
+            reason: e.to_string(),
+        })
+}
+
+/// Dispatches of the product a submission of [`keep_busy`] holds.
+const BUSY_REPS: usize = 8;
+
+/// Runs `job` over and over for at least `budget` with no gap on the GPU (the next submission is
+/// queued before the previous one is waited for); returns the time taken and the submissions.
+/// The output holds the product when it returns.
+pub(crate) fn keep_busy(
+    gpu: &Gpu,
+    pipeline: &Pipeline,
+    scratch: &mut Scratch,
+    job: &DeviceJob<'_>,
+    tuning: Tuning,
+    budget: std::time::Duration,
+) -> Result<(std::time::Duration, usize)> {
+    let start = Instant::now();
+    let jobs = std::slice::from_ref(job);
+    let (placed, need) = place(jobs);
+    let bufs = scratch.ensure(gpu, &need);
+    let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
+    let adds = adds(job, tuning);
+    let submit = || {
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("gemm-busy"),
+            });
+        let reps = if adds { 1 } else { BUSY_REPS };
+        if adds {
+            encoder.clear_buffer(&bufs.out, placed[0].out, Some(placed[0].out_bytes));
+        }
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("gemm-busy"),
+                timestamp_writes: None,
+            });
+            let n = job.rhs.n();
+            record(
+                &mut pass, pipeline, &groups[0], job.t, n, job.k, tuning, reps,
+            );
+        }
+        gpu.queue.submit([encoder.finish()])
+    };
+    let mut submissions = 1;
+    let mut previous = submit();
+    while start.elapsed() < budget {
+        let next = submit();
+        submissions += 1;
+        wait_for(gpu, previous)?;
+        previous = next;
+    }
+    wait_for(gpu, previous)?;
+    gpu.take_error()?;
+    Ok((start.elapsed(), submissions))
 }
 
 #[cfg(test)]

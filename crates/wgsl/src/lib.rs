@@ -26,7 +26,7 @@ mod profile;
 mod residency;
 mod select;
 
-pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K};
+pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K, WARM_UP, warm_up};
 pub use device::{AdapterSummary, adapters};
 pub use error::{Error, Result};
 pub use floats::{FLOATS_WGSL, FloatLab, f64_words};

@@ -621,3 +621,33 @@ fn no_adapter_child() {
     assert!(auto.reason.contains("gpu is unusable"), "{}", auto.reason);
     eprintln!("child checked: {}", auto.reason);
 }
+
+#[test]
+fn keeping_the_card_busy_runs_for_its_budget_and_leaves_products_exact() {
+    let Some(gpu) = open(Kernel::Auto) else {
+        return;
+    };
+    let budget = std::time::Duration::from_millis(60);
+    let (took, submissions) = gpu.keep_busy(128, 256, 512, budget).unwrap();
+    eprintln!("kept busy {took:?} over {submissions} submissions");
+    assert!(took >= budget, "stopped after {took:?}, before {budget:?}");
+    assert!(submissions >= 2, "one submission is not a sustained load");
+    // A K past the kernel's limit is refused by name, not run.
+    let too_deep = gpu.keep_busy(1, daisy_wgsl::MAX_K + 64, 1, budget);
+    assert!(
+        matches!(too_deep, Err(Error::KTooLarge { .. })),
+        "{too_deep:?}"
+    );
+    // The backend's own products are untouched by it.
+    let (t, n, k) = (20, 70, 300);
+    let (qa, qb) = (seeded_q(41, t, k), seeded_q(42, n, k));
+    let mut expected = vec![0; t * n];
+    reference_i32(&qa, Rhs::Activation(&qb), &mut expected).unwrap();
+    let mut got = vec![0; t * n];
+    gpu.gemm_i32(&qa, Rhs::Activation(&qb), &mut got).unwrap();
+    assert!(got == expected, "a product after the busy loop differs");
+    // On a software adapter the warm-up does nothing (there is no clock to raise).
+    if gpu.adapter_name().contains("llvmpipe") {
+        assert_eq!(gpu.warm_up(budget).unwrap(), std::time::Duration::ZERO);
+    }
+}
