@@ -14,6 +14,8 @@
 //! (a case-insensitive substring of the adapter name) and `WGPU_POWER_PREF`. `DAISY_GPU_CPU_BELOW`
 //! sets the size (multiply-adds) below which a product runs on the CPU kernels instead of making a
 //! round trip to the device ([`CPU_BELOW_MACS`] by default; 0: every product on the GPU).
+//! `DAISY_GPU_WARM_UP_MS` sets how long [`warm_up`] keeps a card busy when a stage loads, so that
+//! the first prompt does not find it at its idle clock ([`WARM_UP`] by default; 0: not at all).
 
 mod backend;
 mod device;
