@@ -23,7 +23,8 @@ pub use lap::{
 };
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{
-    MaxResident, check_max_resident, check_stages, load_layers, load_stage, load_stages, shard_path,
+    MaxResident, check_max_resident, check_stages, load_layers, load_stage, load_stages,
+    onto_backend, shard_path,
 };
 pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{

@@ -135,23 +135,31 @@ pub fn load_stage(
         keep,
     )
     .context(|| format!("loading stage {index} (layers {:?})", span.layers))?;
+    onto_backend(&mut stage, backend, &format!("stage {index}"))?;
+    Ok(stage)
+}
+
+/// Puts a loaded stage on `backend`: its int8 weights resident there, its layers whole on the
+/// device where they can run there ([`run_layers_on_device`]), and a GPU's clock raised so that the
+/// first prompt does not find the card idle (`daisy_wgsl::warm_up`). `what` names the stage in
+/// errors and in the log ("stage 0", "layers 4..8").
+pub fn onto_backend(stage: &mut Stage, backend: &Arc<dyn Backend>, what: &str) -> Result<()> {
     stage.set_backend(backend.clone());
     stage
         .keep_resident()
-        .context(|| format!("stage {index}: weights onto {}", backend.name()))?;
-    run_layers_on_device(&mut stage, backend)
-        .context(|| format!("stage {index}: layers onto {}", backend.name()))?;
-    // The first prompt after loading should not find the card at its idle clock.
+        .context(|| format!("{what}: weights onto {}", backend.name()))?;
+    run_layers_on_device(stage, backend)
+        .context(|| format!("{what}: layers onto {}", backend.name()))?;
     let warmed = daisy_wgsl::warm_up(&**backend)
-        .context(|| format!("stage {index}: warming up {}", backend.name()))?;
+        .context(|| format!("{what}: warming up {}", backend.name()))?;
     if !warmed.is_zero() {
         eprintln!(
-            "stage {index}: kept {} busy for {} ms to raise its clock",
+            "{what}: kept {} busy for {} ms to raise its clock",
             backend.name(),
             warmed.as_millis()
         );
     }
-    Ok(stage)
+    Ok(())
 }
 
 /// A stage whose products run on a GPU runs its layers whole there (residual stream and KV cache

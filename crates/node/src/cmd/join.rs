@@ -784,10 +784,7 @@ fn load(
         crate::memory::streaming();
     }
     bar.finish_and_clear();
-    stage.set_backend(backend.clone());
-    stage
-        .keep_resident()
-        .with_context(|| format!("layers {layers:?}: weights onto {}", backend.name()))?;
+    daisy_engine::onto_backend(&mut stage, backend, &format!("layers {layers:?}"))?;
     eprintln!(
         "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s",
         client.fetched(),
