@@ -224,8 +224,14 @@ impl Live {
             Some(s) => format!("{}#{s}", self.join_url.split('#').next().unwrap()),
         };
         let ns = self.netns.get(self.names.len() + 1).map(String::as_str);
+        // The CPU unless the caller names a backend.
+        let backend: &[&str] = match args.contains(&"--backend") {
+            true => &[],
+            false => &["--backend", "cpu"],
+        };
         let mut m = node_in(ns)
-            .args(["join", "--backend", "cpu", "--name", name])
+            .args(["join", "--name", name])
+            .args(backend)
             .args(args)
             .env("XDG_CACHE_HOME", self.cache.path())
             .envs(env.iter().copied())
@@ -537,6 +543,40 @@ fn a_ring_at_int8x2_gives_the_bits_of_one_process_at_int8x2() {
         at("int8x2"),
         "int8 and int8x2 give the same hops"
     );
+}
+
+#[test]
+fn members_on_the_gpu_give_the_bits_of_one_cpu_process() {
+    // Each member runs its layers whole on its GPU (lavapipe in CI); the head stays on the CPU.
+    let llama = root().join("fixtures/tiny/llama");
+    let prompt = "Hello there, ring";
+    let generate = ["--max-new-tokens", "8", "--ignore-eos", "--path", "cached"];
+    let mut head_args = vec!["--stages", "1,1,1", "--prompt", prompt, "--format", "json"];
+    head_args.extend(generate);
+    let mut live = Live::start_full(&llama, &head_args, &[], &[], Vec::new());
+    for i in 0..2 {
+        live.join(&format!("member-{i}"), None, &["--backend", "gpu"], &[]);
+    }
+    let run = live.finish();
+    assert!(run.head_ok, "{}", run.head_err);
+    assert!(
+        run.members_ok.iter().all(|ok| *ok),
+        "a member failed: {:?}",
+        run.members_err
+    );
+    let gpu_members = run
+        .head_err
+        .lines()
+        .filter(|l| l.starts_with("head: member-") && l.contains(": wgpu:"))
+        .count();
+    assert_eq!(gpu_members, 2, "both members on a GPU: {}", run.head_err);
+    let report = run.report();
+    let oracle = one_process(&llama, "1,1,1", prompt, &generate);
+    assert_eq!(ids_and_hops(&report), ids_and_hops(&oracle));
+    assert_eq!(report["verify"]["match"], true, "{}", report["verify"]);
+    // Mutation: the hops of another split are not these (the comparison can fail).
+    let other = one_process(&llama, "2,1", prompt, &generate);
+    assert_ne!(ids_and_hops(&other).1, ids_and_hops(&report).1);
 }
 
 #[test]
