@@ -126,6 +126,8 @@ pub fn select_auto(adapters: &[AdapterSummary]) -> Result<Selected> {
         }
     };
     let cpu_rate = measure_rate(&cpu)?;
+    // An idle card measured at its idle clock would lose to the CPU by up to its clock's ratio.
+    gpu.warm_up(crate::backend::WARM_UP)?;
     let gpu_rate = measure_rate(&gpu)?;
     let rates = format!(
         "{} at {gpu_rate:.1} GOP/s, {} at {cpu_rate:.1} GOP/s",
