@@ -24,7 +24,7 @@ pub use lap::{
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{
     MaxResident, check_max_resident, check_stages, load_layers, load_stage, load_stages,
-    onto_backend, shard_path,
+    onto_backend, shard_path, warm_up,
 };
 pub use stop::{MAX_STOP_STRINGS, StopScan};
 pub use turn::{

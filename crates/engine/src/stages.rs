@@ -111,8 +111,24 @@ pub fn load_layers(
     Ok(stage)
 }
 
-/// Load stage `index` of `plan` (the head's tensors too when it is 0) with `backend`.
+/// Load stage `index` of `plan` (the head's tensors too when it is 0) with `backend`, a GPU warmed
+/// up after it.
 pub fn load_stage(
+    opened: &Opened,
+    plan: &Plan,
+    index: usize,
+    precision: Precision,
+    backend: &Arc<dyn Backend>,
+    max: MaxResident,
+    keep: bool,
+) -> Result<Stage> {
+    let stage = load_onto(opened, plan, index, precision, backend, max, keep)?;
+    warm_up(backend, &format!("stage {index}"))?;
+    Ok(stage)
+}
+
+/// [`load_stage`] without the warm-up.
+fn load_onto(
     opened: &Opened,
     plan: &Plan,
     index: usize,
@@ -139,17 +155,22 @@ pub fn load_stage(
     Ok(stage)
 }
 
-/// Puts a loaded stage on `backend`: its int8 weights resident there, its layers whole on the
-/// device where they can run there ([`run_layers_on_device`]), and a GPU's clock raised so that the
-/// first prompt does not find the card idle (`daisy_wgsl::warm_up`). `what` names the stage in
-/// errors and in the log ("stage 0", "layers 4..8").
+/// Puts a loaded stage on `backend`: its int8 weights resident there and its layers whole on the
+/// device where they can run there ([`run_layers_on_device`]). `what` names the stage in errors
+/// ("stage 0", "layers 4..8").
 pub fn onto_backend(stage: &mut Stage, backend: &Arc<dyn Backend>, what: &str) -> Result<()> {
     stage.set_backend(backend.clone());
     stage
         .keep_resident()
         .context(|| format!("{what}: weights onto {}", backend.name()))?;
     run_layers_on_device(stage, backend)
-        .context(|| format!("{what}: layers onto {}", backend.name()))?;
+        .context(|| format!("{what}: layers onto {}", backend.name()))
+}
+
+/// Raises a GPU's clock once its stages are loaded, so that the first prompt does not find the
+/// card idle (`daisy_wgsl::warm_up`; nothing for another backend). `what` names the stages in
+/// errors and in the log.
+pub fn warm_up(backend: &Arc<dyn Backend>, what: &str) -> Result<()> {
     let warmed = daisy_wgsl::warm_up(&**backend)
         .context(|| format!("{what}: warming up {}", backend.name()))?;
     if !warmed.is_zero() {
@@ -188,9 +209,12 @@ pub fn load_stages(
     backend: &Arc<dyn Backend>,
     max: MaxResident,
 ) -> Result<Vec<Stage>> {
-    (0..plan.len())
-        .map(|i| load_stage(opened, plan, i, precision, backend, max, false))
-        .collect()
+    let stages = (0..plan.len())
+        .map(|i| load_onto(opened, plan, i, precision, backend, max, false))
+        .collect::<Result<Vec<_>>>()?;
+    // Once, after the last stage: a card warmed before a later stage's load would idle again.
+    warm_up(backend, &format!("{} stage(s)", stages.len()))?;
+    Ok(stages)
 }
 
 /// Refuse stages that do not hold what the plan assigns them, or that come from another model.

@@ -267,8 +267,9 @@ impl GpuBackend {
             .map(|(took, _)| took)
     }
 
-    /// [`GpuBackend::warm_up`]'s work on any adapter with a `t x k x n` product of seeded operands
-    /// in buffers of its own (freed on return): (time taken, submissions).
+    /// [`GpuBackend::warm_up`]'s work on any adapter with a `t x k x n` product of ones (the
+    /// kernel's time does not depend on the values) in buffers of its own, freed on return:
+    /// (time taken, submissions).
     pub fn keep_busy(
         &self,
         t: usize,
@@ -277,13 +278,8 @@ impl GpuBackend {
         budget: Duration,
     ) -> Result<(Duration, usize)> {
         check_k(k)?;
-        let seeded = |len: usize, seed: usize| -> Vec<i8> {
-            (0..len)
-                .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 255) as i8)
-                .collect()
-        };
-        let a = kernel::pack_rows(&seeded(t * k, 1), t, k);
-        let b = kernel::pack_rows(&seeded(n * k, 2), n, k);
+        let a = kernel::pack_rows(&vec![1; t * k], t, k);
+        let b = kernel::pack_rows(&vec![1; n * k], n, k);
         let job = DeviceJob {
             a_packed: &a,
             t,

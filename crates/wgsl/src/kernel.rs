@@ -676,6 +676,38 @@ pub(crate) fn dispatch(
     Ok(())
 }
 
+/// Prepares `job` alone in the scratch buffers and returns a function that submits one pass of
+/// `reps` dispatches of it. The output is left as the dispatches leave it (split-K slices add
+/// into it unzeroed): for timing the kernel and keeping the card busy, not for the product.
+fn repeated<'g>(
+    gpu: &'g Gpu,
+    pipeline: &'g Pipeline,
+    scratch: &mut Scratch,
+    job: &DeviceJob<'_>,
+    tuning: Tuning,
+) -> impl Fn(usize) -> wgpu::SubmissionIndex + 'g {
+    let jobs = std::slice::from_ref(job);
+    let (placed, need) = place(jobs);
+    let bufs = scratch.ensure(gpu, &need);
+    let group = prepare(gpu, pipeline, bufs, jobs, &placed, tuning).remove(0);
+    let (t, n, k) = (job.t, job.rhs.n(), job.k);
+    move |reps| {
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("gemm-repeated"),
+            });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("gemm-repeated"),
+                timestamp_writes: None,
+            });
+            record(&mut pass, pipeline, &group, t, n, k, tuning, reps);
+        }
+        gpu.queue.submit([encoder.finish()])
+    }
+}
+
 /// Seconds of one kernel run alone: `reps` dispatches of the same GEMM recorded in one pass,
 /// submitted once and waited for, divided by `reps` (no upload or read-back inside the timing).
 pub(crate) fn kernel_seconds(
@@ -686,38 +718,10 @@ pub(crate) fn kernel_seconds(
     tuning: Tuning,
     reps: usize,
 ) -> Result<f64> {
-    let jobs = std::slice::from_ref(job);
-    let (placed, need) = place(jobs);
-    let bufs = scratch.ensure(gpu, &need);
-    let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
-    let wait = |submission| wait_for(gpu, submission);
-    let run = |reps: usize| {
-        let mut encoder = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("gemm-timing"),
-            });
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("gemm-timing"),
-                timestamp_writes: None,
-            });
-            record(
-                &mut pass,
-                pipeline,
-                &groups[0],
-                job.t,
-                job.rhs.n(),
-                job.k,
-                tuning,
-                reps,
-            );
-        }
-        gpu.queue.submit([encoder.finish()])
-    };
-    wait(run(1))?; // the operands' writes and a warm-up
+    let run = repeated(gpu, pipeline, scratch, job, tuning);
+    wait_for(gpu, run(1))?; // the operands' writes and a warm-up
     let start = Instant::now();
-    wait(run(reps.max(1)))?;
+    wait_for(gpu, run(reps.max(1)))?;
     let secs = start.elapsed().as_secs_f64();
     gpu.take_error()?;
     Ok(secs / reps.max(1) as f64)
@@ -742,7 +746,6 @@ const BUSY_REPS: usize = 8;
 
 /// Runs `job` over and over for at least `budget` with no gap on the GPU (the next submission is
 /// queued before the previous one is waited for); returns the time taken and the submissions.
-/// The output holds the product when it returns.
 pub(crate) fn keep_busy(
     gpu: &Gpu,
     pipeline: &Pipeline,
@@ -752,37 +755,11 @@ pub(crate) fn keep_busy(
     budget: std::time::Duration,
 ) -> Result<(std::time::Duration, usize)> {
     let start = Instant::now();
-    let jobs = std::slice::from_ref(job);
-    let (placed, need) = place(jobs);
-    let bufs = scratch.ensure(gpu, &need);
-    let groups = prepare(gpu, pipeline, bufs, jobs, &placed, tuning);
-    let adds = adds(job, tuning);
-    let submit = || {
-        let mut encoder = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("gemm-busy"),
-            });
-        let reps = if adds { 1 } else { BUSY_REPS };
-        if adds {
-            encoder.clear_buffer(&bufs.out, placed[0].out, Some(placed[0].out_bytes));
-        }
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("gemm-busy"),
-                timestamp_writes: None,
-            });
-            let n = job.rhs.n();
-            record(
-                &mut pass, pipeline, &groups[0], job.t, n, job.k, tuning, reps,
-            );
-        }
-        gpu.queue.submit([encoder.finish()])
-    };
+    let run = repeated(gpu, pipeline, scratch, job, tuning);
     let mut submissions = 1;
-    let mut previous = submit();
+    let mut previous = run(BUSY_REPS);
     while start.elapsed() < budget {
-        let next = submit();
+        let next = run(BUSY_REPS);
         submissions += 1;
         wait_for(gpu, previous)?;
         previous = next;

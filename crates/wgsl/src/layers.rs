@@ -430,6 +430,35 @@ enum Rhs<'a> {
     Kv(usize),
 }
 
+/// One product `acc[c..] = A·Bᵀ` (words): `t` rows of A packed in `ops` at `a` (K = `k`) against
+/// `n` rows of B.
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    a: usize,
+    t: usize,
+    k: usize,
+    b: Rhs<'a>,
+    n: usize,
+    c: usize,
+}
+
+impl<'a> Product<'a> {
+    /// The `i`-th product of `batch`, whose first is this one.
+    fn of_batch(self, i: usize, batch: &Batch) -> Product<'a> {
+        let b = match self.b {
+            Rhs::Weights(w) => Rhs::Weights(w),
+            Rhs::Ops(at) => Rhs::Ops(at + batch.b_index(i) * batch.b),
+            Rhs::Kv(at) => Rhs::Kv(at + batch.b_index(i) * batch.b),
+        };
+        Product {
+            a: self.a + i * batch.a,
+            b,
+            c: self.c + i * batch.c,
+            ..self
+        }
+    }
+}
+
 enum Cmd {
     Row {
         entry: Entry,
@@ -535,27 +564,16 @@ impl<'a> Recorder<'a> {
         (splitmix(&mut self.seed) % below.max(1) as u64) as usize
     }
 
-    /// `acc[c..] = A·Bᵀ` for `t` rows of A packed in `ops` at word `a` (K = `k`) and `n` rows of
-    /// B; the product is audited.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(&mut self, what: String, a: usize, t: usize, k: usize, b: Rhs<'a>, n: usize, c: usize) {
-        self.gemms(&|_| what.clone(), a, t, k, b, n, c, Batch::ONE);
+    /// `p`, audited.
+    fn gemm(&mut self, what: String, p: Product<'a>) {
+        self.gemms(&|_| what.clone(), p, Batch::ONE);
     }
 
-    /// `batch.count` products of one shape in one dispatch, the i-th with its operands and output
-    /// `i` strides (words) after the first's; each audited as its own product, named by `what(i)`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemms(
-        &mut self,
-        what: &dyn Fn(usize) -> String,
-        a: usize,
-        t: usize,
-        k: usize,
-        b: Rhs<'a>,
-        n: usize,
-        c: usize,
-        batch: Batch,
-    ) {
+    /// `batch.count` products of one shape in one dispatch, the first `p`, the i-th with its
+    /// operands and output `i` strides (words) after the first's; each audited as its own product,
+    /// named by `what(i)`.
+    fn gemms(&mut self, what: &dyn Fn(usize) -> String, p: Product<'a>, batch: Batch) {
+        let Product { a, t, k, b, n, c } = p;
         let count = batch.count.max(1);
         let grid = Grid::batched(t, n, k, self.tuning, count);
         if grid.adds() {
@@ -603,27 +621,13 @@ impl<'a> Recorder<'a> {
             kind,
         });
         for i in 0..count {
-            let b = match b {
-                Rhs::Weights(w) => Rhs::Weights(w),
-                Rhs::Ops(at) => Rhs::Ops(at + batch.b_index(i) * batch.b),
-                Rhs::Kv(at) => Rhs::Kv(at + batch.b_index(i) * batch.b),
-            };
-            self.audit(what(i), a + i * batch.a, t, k, b, n, c + i * batch.c);
+            self.audit(what(i), p.of_batch(i, &batch));
         }
     }
 
     /// The audit of one product: two rows, two blocks of columns, their cells and operands gathered.
-    #[allow(clippy::too_many_arguments)]
-    fn audit(
-        &mut self,
-        what: String,
-        a: usize,
-        t: usize,
-        k: usize,
-        b: Rhs<'a>,
-        n: usize,
-        c: usize,
-    ) {
+    fn audit(&mut self, what: String, p: Product<'a>) {
+        let Product { a, t, k, b, n, c } = p;
         let rows = [self.random(t), self.random(t)];
         let blocks = n.div_ceil(AUDIT_BLOCK);
         let cols = [0, 1].map(|_| {
@@ -918,7 +922,7 @@ fn record<'a>(
             u(h), eps, u(rw(h)), add, u(x), u(r.acc_down), u(r.act_s), sb, 1, c.in_norm,
             u(r.scratch), u(r.a_in), u(r.s_in), u(flag),
         ]);
-        rec.gemm(name("q/k/v projection"), r.a_in, total, h, Rhs::Weights(layer.qkv), w, r.acc_qkv);
+        rec.gemm(name("q/k/v projection"), Product { a: r.a_in, t: total, k: h, b: Rhs::Weights(layer.qkv), n: w, c: r.acc_qkv });
         let (kq0, kf0) = (l * kq_stride, l * kf_stride);
         // Attention, every chunk in each dispatch: a chunk's operands are TQ rows a head and NK
         // keys a row (its own keys, zero past them: the products' sums are the chunk's alone).
@@ -935,7 +939,7 @@ fn record<'a>(
         let chunk_head = |what: &str, i: usize| name(&format!("attention {what} of kv head {} in chunk {}", i % g, i / g));
         rec.gemms(
             &|i| chunk_head("scores", i),
-            r.q, group * tq, hd, Rhs::Kv(kq0), nkk, r.acc_scores,
+            Product { a: r.q, t: group * tq, k: hd, b: Rhs::Kv(kq0), n: nkk, c: r.acc_scores },
             Batch { count: passes * g, a: group * tq * rw(hd), b: cap * rw(hd), c: group * tq * nkk, b_mod: g },
         );
         rec.row(Entry::Softmax, passes * heads * tq, &[
@@ -944,19 +948,19 @@ fn record<'a>(
         ]);
         rec.gemms(
             &|i| chunk_head("values", i),
-            r.p, group * tq, nkk, Rhs::Ops(r.vt), hd, r.acc_values,
+            Product { a: r.p, t: group * tq, k: nkk, b: Rhs::Ops(r.vt), n: hd, c: r.acc_values },
             Batch { count: passes * g, a: group * tq * rw(nkk), b: hd * rw(nkk), c: group * tq * hd, b_mod: 0 },
         );
         rec.row(Entry::AttnOut, total, &[
             u(heads), u(g), u(hd), u(rw(qd)), u(r.acc_values), u(r.p_s), u(r.vt_s), u(r.scratch),
             u(r.attn), u(r.attn_s), u(r.rtab), u(r.ctab), u(tq),
         ]);
-        rec.gemm(name("attention output projection"), r.attn, total, qd, Rhs::Weights(layer.o), h, r.acc_o);
+        rec.gemm(name("attention output projection"), Product { a: r.attn, t: total, k: qd, b: Rhs::Weights(layer.o), n: h, c: r.acc_o });
         rec.row(Entry::Residual, total, &[
             u(h), eps, u(rw(h)), 1, u(x), u(r.acc_o), u(r.attn_s), c.s_o, 1, c.post_norm,
             u(r.scratch), u(r.a_post), u(r.s_post), u(r.flags + l),
         ]);
-        rec.gemm(name("gate/up projection"), r.a_post, total, h, Rhs::Weights(layer.gate_up), 2 * inter, r.acc_gu);
+        rec.gemm(name("gate/up projection"), Product { a: r.a_post, t: total, k: h, b: Rhs::Weights(layer.gate_up), n: 2 * inter, c: r.acc_gu });
         // SiLU a segment of 256 values a workgroup, then the rows quantized a block of 256 words
         // a workgroup.
         let (segs, blocks) = (inter.div_ceil(256), rw(inter).div_ceil(256));
@@ -968,7 +972,7 @@ fn record<'a>(
             u(inter), u(rw(inter)), u(r.scratch), u(r.seg_max), u(segs), u(r.act), u(blocks),
             u(r.act_s),
         ]);
-        rec.gemm(name("down projection"), r.act, total, inter, Rhs::Weights(layer.down), h, r.acc_down);
+        rec.gemm(name("down projection"), Product { a: r.act, t: total, k: inter, b: Rhs::Weights(layer.down), n: h, c: r.acc_down });
         // Every product of the layer (every chunk's attention included) has its own operands and
         // accumulators until the next layer writes them: one gather for all of their audits.
         rec.flush_audit();
@@ -986,7 +990,7 @@ fn record<'a>(
             u(h), eps, u(rw(h)), 0, u(x + (total - hr) * h), 0, 0, 0, 1, norm, u(r.scratch),
             u(r.a_head), u(r.s_head), 0,
         ]);
-        rec.gemm("the lm_head".to_string(), r.a_head, hr, h, Rhs::Weights(hd.lm_head), vocab, r.acc_head);
+        rec.gemm("the lm_head".to_string(), Product { a: r.a_head, t: hr, k: h, b: Rhs::Weights(hd.lm_head), n: vocab, c: r.acc_head });
         let segs = vocab.div_ceil(256);
         rec.row(Entry::Dequant, hr * segs, &[
             u(vocab), u(r.acc_head), u(r.s_head), s_lm, u(r.logits), u(segs),

@@ -784,7 +784,9 @@ fn load(
         crate::memory::streaming();
     }
     bar.finish_and_clear();
-    daisy_engine::onto_backend(&mut stage, backend, &format!("layers {layers:?}"))?;
+    let what = format!("layers {layers:?}");
+    daisy_engine::onto_backend(&mut stage, backend, &what)?;
+    daisy_engine::warm_up(backend, &what)?;
     eprintln!(
         "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s",
         client.fetched(),
