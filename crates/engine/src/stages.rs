@@ -111,24 +111,9 @@ pub fn load_layers(
     Ok(stage)
 }
 
-/// Load stage `index` of `plan` (the head's tensors too when it is 0) with `backend`, a GPU warmed
-/// up after it.
+/// Load stage `index` of `plan` (the head's tensors too when it is 0) onto `backend`. The caller
+/// warms a GPU up ([`warm_up`]) once its stages are loaded.
 pub fn load_stage(
-    opened: &Opened,
-    plan: &Plan,
-    index: usize,
-    precision: Precision,
-    backend: &Arc<dyn Backend>,
-    max: MaxResident,
-    keep: bool,
-) -> Result<Stage> {
-    let stage = load_onto(opened, plan, index, precision, backend, max, keep)?;
-    warm_up(backend, &format!("stage {index}"))?;
-    Ok(stage)
-}
-
-/// [`load_stage`] without the warm-up.
-fn load_onto(
     opened: &Opened,
     plan: &Plan,
     index: usize,
@@ -201,7 +186,7 @@ fn run_layers_on_device(stage: &mut Stage, backend: &Arc<dyn Backend>) -> Result
     Ok(())
 }
 
-/// Load every stage of `plan` with `backend`.
+/// Load every stage of `plan` with `backend`, then warm a GPU up once.
 pub fn load_stages(
     opened: &Opened,
     plan: &Plan,
@@ -210,7 +195,7 @@ pub fn load_stages(
     max: MaxResident,
 ) -> Result<Vec<Stage>> {
     let stages = (0..plan.len())
-        .map(|i| load_onto(opened, plan, i, precision, backend, max, false))
+        .map(|i| load_stage(opened, plan, i, precision, backend, max, false))
         .collect::<Result<Vec<_>>>()?;
     // Once, after the last stage: a card warmed before a later stage's load would idle again.
     warm_up(backend, &format!("{} stage(s)", stages.len()))?;

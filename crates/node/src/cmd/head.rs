@@ -1070,6 +1070,7 @@ impl Ring<'_> {
                 let stage = crate::memory::loading(|| {
                     load_stage(opened, plan, 0, precision, backend, max, keep)
                 })?;
+                daisy_engine::warm_up(backend, "head")?;
                 if stage.is_streamed() {
                     crate::memory::streaming();
                 }
