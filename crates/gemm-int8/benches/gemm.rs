@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use daisy_gemm_int8::{CpuBackend, PackedWeights, gemm, seeded_matrix};
+use daisy_gemm_int8::{CpuBackend, PackedWeights, WeightArena, gemm, seeded_matrix};
 use rayon::prelude::*;
 
 /// `(name, K, N)`: SmolLM2-135M (hidden 576, kv 192, mlp 1536, vocab 49152) and Qwen2.5-0.5B's MLP.
@@ -56,10 +56,17 @@ const LAYERS: usize = 30;
 
 fn decode(c: &mut Criterion) {
     let be = CpuBackend::new();
+    // In an arena, as a loaded stage holds them.
+    let mut arena = WeightArena::new();
     let weights: Vec<PackedWeights> = (0..LAYERS * LAYER.len())
         .map(|i| {
             let (k, n) = LAYER[i % LAYER.len()];
-            PackedWeights::new(&seeded_matrix(i as u64, n, k), n, k).expect("finite weights")
+            let mut w =
+                PackedWeights::new(&seeded_matrix(i as u64, n, k), n, k).expect("finite weights");
+            if let Some(arena) = arena.as_mut() {
+                arena.take(&mut w).expect("moved");
+            }
+            w
         })
         .collect();
     let bytes: usize = weights.iter().map(|w| w.n() * w.k()).sum();

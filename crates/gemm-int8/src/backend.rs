@@ -332,6 +332,33 @@ impl CpuBackend {
     }
 }
 
+/// Rows of A up to which a product with an activation B (attention at decode) takes each cell as one
+/// dot product of two quantized rows instead of packing B first.
+const ROWS_MAX_T: usize = 8;
+
+impl CpuBackend {
+    /// A product against row-major B (`q`), cell by cell ([`kernels::rows_dot`]); runs of B's rows
+    /// shared out over the pool when the product is large (long contexts).
+    fn rows(&self, a: &Quantized, q: &Quantized, out: &mut [i32]) {
+        let (t, n, k) = (a.rows(), q.rows(), q.k());
+        if t == 0 || n == 0 {
+            return;
+        }
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let cells = |c0: usize, c1: usize| {
+            let out = out_ptr;
+            // SAFETY: `isa` is supported (checked when the backend was made); the shapes were
+            // checked by the caller; every run of columns is handed to one thread only.
+            unsafe { kernels::rows_dot(self.isa, a.q(), t, q.q(), k, (c0, c1), out.0, n) };
+        };
+        if t * n * k < PARALLEL_MIN_MACS {
+            cells(0, n);
+        } else {
+            pool::for_each_guided(n, cells);
+        }
+    }
+}
+
 /// Bytes of packed B up to which compute-bound work is ordered by row strips (B then stays in L2
 /// while every strip passes over it).
 const STRIP_ORDER_MAX_BYTES: usize = 512 << 10;
@@ -535,6 +562,7 @@ impl Backend for CpuBackend {
         check_shapes(a, b, out)?;
         match b {
             Rhs::Weights(w) => self.run(a, w, out),
+            Rhs::Activation(q) if a.rows() <= ROWS_MAX_T => self.rows(a, q, out),
             Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out),
         }
         Ok(())

@@ -15,8 +15,8 @@ mod quant;
 mod verify;
 
 pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_shapes};
-pub use packed::{PackedParts, PackedWeights, SharedBytes};
-pub use quant::{Quantized, quantize_residual, quantize_rows};
+pub use packed::{PackedParts, PackedWeights, SharedBytes, WeightArena};
+pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
     reference_i32, seeded_matrix, splitmix,
@@ -28,6 +28,13 @@ pub use verify::{
 /// several members on one machine do not take each other's cores. The next GEMM wakes them.
 pub fn rest() {
     pool::rest();
+}
+
+/// Ask an idle GEMM worker to bring `w`'s packed values towards the caches while the caller does
+/// other work (attention, between two products of a layer), so that its product reads them from
+/// cache instead of memory. A hint: nothing computed depends on it.
+pub fn prefetch(w: &PackedWeights) {
+    pool::prefetch(bytemuck::cast_slice(w.lines()));
 }
 
 /// The largest K for which `127² · K < 2³¹`, so the i32 accumulator is exact.

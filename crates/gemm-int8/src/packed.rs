@@ -197,6 +197,11 @@ impl PackedWeights {
         })
     }
 
+    /// Whether the arrays are this handle's own (not borrowed from shared bytes).
+    fn is_owned(&self) -> bool {
+        matches!(self.lines, Held::Owned(_))
+    }
+
     /// Process-unique identity of this handle.
     pub fn id(&self) -> u64 {
         self.id
@@ -300,4 +305,164 @@ fn line_place(panels: usize, groups: usize, p: usize) -> (usize, usize) {
     let block = p / NP;
     let width = NP.min(panels - block * NP);
     (block * NP * groups + p % NP, width)
+}
+
+/// Memory that weights read on every token move into: one reservation of address space that the
+/// OS is asked to back with 2 MiB pages, filled front to back as handles arrive
+/// ([`WeightArena::take`]). A decode pass streams every weight once per token: in 4 KiB pages that
+/// is a TLB miss, and a stop of the hardware prefetcher, every 4 KiB. Only what is written becomes
+/// resident (plus the rest of the last 2 MiB page).
+pub struct WeightArena {
+    block: Arc<Reservation>,
+    used: usize,
+}
+
+impl WeightArena {
+    /// A reservation as large as this machine's memory (address space only), or `None` where the
+    /// OS refuses one (strict overcommit) or is not Linux: the handles then keep their own arrays.
+    pub fn new() -> Option<Self> {
+        Reservation::new().map(|block| Self {
+            block: Arc::new(block),
+            used: 0,
+        })
+    }
+
+    /// Move `w`'s arrays to the end of the arena and let `w` borrow them from there (its id and
+    /// values unchanged; its own arrays are freed). A handle that already borrows (from a mapped
+    /// shard) stays where it is, and so does one that no longer fits.
+    pub fn take(&mut self, w: &mut PackedWeights) -> Result<(), Error> {
+        if !w.is_owned() {
+            return Ok(());
+        }
+        let place = |len: usize| len.next_multiple_of(64);
+        let parts = w.parts();
+        let len: usize = parts.arrays.iter().map(|(b, _)| place(b.len())).sum();
+        if len > self.block.len - self.used {
+            return Ok(());
+        }
+        let start = self.used;
+        let mut ranges: [Range<usize>; 4] = Default::default();
+        let mut at = 0;
+        for (range, (bytes, _)) in ranges.iter_mut().zip(parts.arrays) {
+            // SAFETY: [start + at, start + at + bytes.len()) lies inside the reservation, past
+            // every byte handed out before (`used`), so nothing refers to it yet; `bytes` is
+            // `w`'s own memory, not the reservation's.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    self.block.start.add(start + at),
+                    bytes.len(),
+                );
+            }
+            *range = at..at + bytes.len();
+            at += place(bytes.len());
+        }
+        self.used += len;
+        let shared: SharedBytes = Arc::new(ArenaPart {
+            block: self.block.clone(),
+            start,
+            len,
+        });
+        let moved = PackedWeights::from_shared(w.n, w.k, &shared, ranges)?;
+        *w = PackedWeights { id: w.id, ..moved };
+        Ok(())
+    }
+
+    /// Bytes handed out so far.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+/// The part of a [`WeightArena`] one handle's arrays were written to.
+struct ArenaPart {
+    block: Arc<Reservation>,
+    start: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for ArenaPart {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the part lies inside the reservation and was written whole before this value
+        // existed; the arena never writes it again.
+        unsafe { std::slice::from_raw_parts(self.block.start.add(self.start), self.len) }
+    }
+}
+
+/// Address space reserved without being committed, its start on a 2 MiB boundary, with the
+/// kernel asked for transparent huge pages.
+struct Reservation {
+    base: *mut u8,
+    map_len: usize,
+    start: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the reservation is plain memory owned by this value; parts are written once, before any
+// reference to them exists (see `WeightArena::take`), and only read afterwards.
+unsafe impl Send for Reservation {}
+// SAFETY: as above.
+unsafe impl Sync for Reservation {}
+
+/// The size of a transparent huge page on x86-64 (and most arm64 kernels).
+const HUGE_PAGE: usize = 2 << 20;
+
+impl Reservation {
+    #[cfg(target_os = "linux")]
+    fn new() -> Option<Self> {
+        // SAFETY: sysconf only reads system parameters.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let memory = usize::try_from(pages)
+            .ok()?
+            .checked_mul(usize::try_from(page).ok()?)?;
+        let len = memory.next_multiple_of(HUGE_PAGE);
+        let map_len = len.checked_add(HUGE_PAGE)?;
+        // SAFETY: a fresh private anonymous mapping that nothing else refers to; NORESERVE:
+        // address space only, pages are committed as they are written.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let start = (base as usize).next_multiple_of(HUGE_PAGE) as *mut u8;
+        // SAFETY: [start, start + len) lies inside the mapping; the advice changes only how its
+        // pages are served (nothing where huge pages are off).
+        unsafe { libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE) };
+        Some(Self {
+            base: base.cast(),
+            map_len,
+            start,
+            len,
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new() -> Option<Self> {
+        None
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the mapping made in `new`, unmapped once, after the last part that borrows it.
+        unsafe {
+            libc::munmap(self.base.cast(), self.map_len);
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = (self.base, self.map_len);
+    }
 }

@@ -37,6 +37,10 @@ pub(crate) struct Pool {
     resting: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
+    /// Memory an idle worker reads ahead of the next GEMM ([`prefetch`]): the runs, and a count
+    /// that changes when runs are added.
+    ahead: Mutex<Vec<(usize, usize)>>,
+    ahead_epoch: AtomicU64,
 }
 
 static POOL: OnceLock<&'static Pool> = OnceLock::new();
@@ -56,6 +60,8 @@ pub(crate) fn pool() -> &'static Pool {
             resting: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            ahead: Mutex::new(Vec::new()),
+            ahead_epoch: AtomicU64::new(0),
         }));
         for i in 1..threads {
             let spawned = std::thread::Builder::new()
@@ -163,6 +169,7 @@ impl Pool {
     fn wait(&self, mut seen: u64) -> u64 {
         let mut start = Instant::now();
         let mut spins = 0u32;
+        let mut ahead_seen = self.ahead_epoch.load(Ordering::Relaxed);
         loop {
             let ticket = self.ticket.load(Ordering::Acquire);
             if ticket >> 32 != seen {
@@ -170,6 +177,13 @@ impl Pool {
                     return ticket;
                 }
                 seen = ticket >> 32; // a job that ended without this worker
+            }
+            let epoch = self.ahead_epoch.load(Ordering::Relaxed);
+            if epoch != ahead_seen {
+                ahead_seen = epoch;
+                self.read_ahead(seen);
+                start = Instant::now();
+                continue;
             }
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
@@ -190,6 +204,51 @@ impl Pool {
             start = Instant::now();
         }
     }
+}
+
+impl Pool {
+    /// Take the runs of memory asked for by [`prefetch`] and bring them towards this core's caches,
+    /// until they are done or a job of an epoch other than `seen` opens.
+    fn read_ahead(&self, seen: u64) {
+        let runs = std::mem::take(&mut *self.ahead.lock().unwrap_or_else(|e| e.into_inner()));
+        for (start, len) in runs {
+            let mut at = start;
+            while at < start + len {
+                if self.ticket.load(Ordering::Relaxed) >> 32 != seen {
+                    return;
+                }
+                let end = (at + READ_AHEAD_STEP).min(start + len);
+                while at < end {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: a prefetch is a hint: it never faults, whatever the address.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                            at as *const i8,
+                        );
+                    }
+                    at += 64;
+                }
+            }
+        }
+    }
+}
+
+/// Bytes read ahead between two looks for a job.
+const READ_AHEAD_STEP: usize = 4096;
+
+/// Ask an idle worker (one spinning for the next job) to bring `bytes` towards the caches while
+/// the caller does other work, so that the next GEMM finds them there. A worker that is parked, or
+/// a job that starts, drops what is left. A hint only: nothing is read that a result depends on.
+pub(crate) fn prefetch(bytes: &[u8]) {
+    let Some(pool) = POOL.get() else { return };
+    if pool.threads < 2 || bytes.is_empty() || !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    pool.ahead
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((bytes.as_ptr() as usize, bytes.len()));
+    pool.ahead_epoch.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Let the pool's idle workers park at once instead of spinning for the next job (which wakes them):

@@ -294,19 +294,33 @@ fn quantize_row_impl(
     out: &mut [MaybeUninit<i8>],
     scale: &mut f32,
 ) -> Result<(), usize> {
-    // |v| ordered as f32 is |v| ordered as its bits; anything at or above +inf's bits is not finite.
-    let max_bits = row
-        .iter()
-        .fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF));
+    let max_bits = magnitude_bits(row);
     if max_bits >= f32::INFINITY.to_bits() {
         return Err(row.iter().position(|v| !v.is_finite()).unwrap_or(0));
     }
+    *scale = quantize_with_max(row, out, max_bits);
+    Ok(())
+}
+
+/// The bits of the largest magnitude in `row` (|v| ordered as f32 is |v| ordered as its bits;
+/// anything at or above +inf's bits is not finite).
+#[inline(always)]
+fn magnitude_bits(row: &[f32]) -> u32 {
+    row.iter()
+        .fold(0u32, |m, v| m.max(v.to_bits() & 0x7FFF_FFFF))
+}
+
+/// Quantize the finite values of `row` into `out` against the largest magnitude of the row they
+/// belong to (its bits: `max_bits`, finite); returns the row's scale. Each value's quantization
+/// depends on itself and that magnitude only, so part of a row quantizes as the whole row does.
+#[inline(always)]
+fn quantize_with_max(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
     let m = f32::from_bits(max_bits);
     if m < f32::MIN_POSITIVE {
         out.fill(MaybeUninit::new(0));
-        return Ok(()); // zeros, scale 0
+        return 0.0; // zeros, scale 0
     }
-    *scale = m / 127.0;
+    let scale = m / 127.0;
     let inv = 127.0 / m;
     if inv.is_finite() {
         for (o, &v) in out.iter_mut().zip(row) {
@@ -320,7 +334,204 @@ fn quantize_row_impl(
             o.write((v * inv).round_ties_even().clamp(-127.0, 127.0) as i8);
         }
     }
-    Ok(())
+    scale
+}
+
+/// [`quantize_with_max`] in the widest copy this CPU runs (see [`quantize_row`]).
+fn quantize_part(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn wide(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
+        quantize_with_max(row, out, max_bits)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
+        quantize_with_max(row, out, max_bits)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
+        return unsafe { wide(row, out, max_bits) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was detected just above.
+        return unsafe { avx2(row, out, max_bits) };
+    }
+    quantize_with_max(row, out, max_bits)
+}
+
+/// Rows that grow by columns, kept quantized as they grow: attention's Vᵀ (a row per value channel,
+/// a column per position), appended one position at a time at decode.
+///
+/// A row's quantization depends on its largest magnitude only, so new columns quantize alone
+/// while that stays the same, and only a row whose largest magnitude changed is quantized again
+/// (from its f32 values, kept here). [`GrowingRows::quantized`] is always exactly what quantizing
+/// the rows' values whole gives. Made with `quantized: false`, only the f32 values are kept.
+#[derive(Clone, Debug)]
+pub struct GrowingRows {
+    /// The f32 values: row `r` at `r · cap`, its first `len` columns held.
+    values: Vec<f32>,
+    cap: usize,
+    /// Each row's largest magnitude (its bits).
+    max_bits: Vec<u32>,
+    /// The rows quantized (`rows × len`), when kept.
+    q: Option<Quantized>,
+    rows: usize,
+    len: usize,
+}
+
+impl GrowingRows {
+    /// `rows` rows of no columns, kept quantized as well when `quantized`.
+    pub fn new(rows: usize, quantized: bool) -> Self {
+        Self {
+            values: Vec::new(),
+            cap: 0,
+            max_bits: vec![0; rows],
+            q: quantized.then(|| Quantized {
+                rows,
+                k: 0,
+                q: Vec::new(),
+                scales: vec![0.0; rows],
+            }),
+            rows,
+            len: 0,
+        }
+    }
+
+    /// Columns held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no column is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The rows quantized (`rows × len`, one scale per row), when they are kept.
+    pub fn quantized(&self) -> Option<&Quantized> {
+        self.q.as_ref()
+    }
+
+    /// Row `r`'s f32 values (`len` of them).
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.values[r * self.cap..r * self.cap + self.len]
+    }
+
+    /// Append `t` columns, given column after column (`cols[j · rows + r]` is row r of new column
+    /// j). When the rows are kept quantized, a non-finite value is refused by its row and column,
+    /// and nothing changes.
+    pub fn push_columns(&mut self, cols: &[f32], t: usize) -> Result<(), Error> {
+        let (rows, len) = (self.rows, self.len);
+        if cols.len() != t * rows {
+            return Err(Error::Shape {
+                what: "appended columns",
+                got: cols.len(),
+                expected: t * rows,
+            });
+        }
+        check_k(len + t)?;
+        if let Some(i) = cols
+            .iter()
+            .position(|v| !v.is_finite())
+            .filter(|_| self.q.is_some())
+        {
+            return Err(Error::NonFinite {
+                operand: Operand::B,
+                row: i % rows.max(1),
+                col: len + i / rows.max(1),
+                value: cols[i],
+            });
+        }
+        if t == 0 || rows == 0 {
+            self.len = len + t;
+            if let Some(q) = &mut self.q {
+                q.k = len + t;
+            }
+            return Ok(());
+        }
+        let k = len + t;
+        if k > self.cap {
+            let cap = k.max(2 * self.cap).max(16);
+            let mut wider = vec![0f32; rows * cap];
+            if self.cap > 0 {
+                for (new, old) in wider
+                    .chunks_exact_mut(cap)
+                    .zip(self.values.chunks_exact(self.cap))
+                {
+                    new[..len].copy_from_slice(&old[..len]);
+                }
+            }
+            self.values = wider;
+            self.cap = cap;
+        }
+        let cap = self.cap;
+        for (j, col) in cols.chunks_exact(rows).enumerate() {
+            for (r, &v) in col.iter().enumerate() {
+                self.values[r * cap + len + j] = v;
+            }
+        }
+        self.len = k;
+        let Some(quantized) = &mut self.q else {
+            return Ok(());
+        };
+        // Widen every quantized row in place, last row first (each moves right).
+        let q = &mut quantized.q;
+        q.resize(rows * k, 0);
+        for r in (1..rows).rev() {
+            q.copy_within(r * len..(r + 1) * len, r * k);
+        }
+        for r in 0..rows {
+            let row = &self.values[r * cap..r * cap + k];
+            let old = self.max_bits[r];
+            let max = old.max(magnitude_bits(&row[len..]));
+            let out = as_uninit(&mut q[r * k..(r + 1) * k]);
+            let scale = if max == old {
+                quantize_part(&row[len..], &mut out[len..], max)
+            } else {
+                quantize_part(row, out, max)
+            };
+            self.max_bits[r] = max;
+            quantized.scales[r] = scale;
+        }
+        quantized.k = k;
+        Ok(())
+    }
+
+    /// Keep the first `len` columns (no-op when there are fewer); rows whose largest magnitude was
+    /// among the dropped columns are quantized again.
+    pub fn truncate(&mut self, len: usize) {
+        let (rows, old_len) = (self.rows, self.len);
+        if len >= old_len {
+            return;
+        }
+        self.len = len;
+        let Some(quantized) = &mut self.q else {
+            return;
+        };
+        let q = &mut quantized.q;
+        for r in 0..rows {
+            let row = &self.values[r * self.cap..r * self.cap + len];
+            let max = magnitude_bits(row);
+            q.copy_within(r * old_len..r * old_len + len, r * len);
+            let out = as_uninit(&mut q[r * len..(r + 1) * len]);
+            if max != self.max_bits[r] {
+                quantized.scales[r] = quantize_part(row, out, max);
+                self.max_bits[r] = max;
+            }
+        }
+        q.truncate(rows * len);
+        quantized.k = len;
+    }
+}
+
+/// Initialized bytes viewed as possibly uninitialized, to be written over.
+fn as_uninit(q: &mut [i8]) -> &mut [MaybeUninit<i8>] {
+    // SAFETY: `MaybeUninit<i8>` has the layout of `i8`, and only initialized values are written
+    // through the view.
+    unsafe { std::slice::from_raw_parts_mut(q.as_mut_ptr().cast(), q.len()) }
 }
 
 /// `clamp(round_ties_even(y), -127, 127) as i8` for finite `y`, written so it vectorizes
@@ -354,6 +565,76 @@ mod tests {
         for y in special {
             assert_eq!(round_clamp(y), definition(y), "{y:e}");
         }
+    }
+
+    /// Growing rows by columns, in steps of one and of several, with rows whose largest magnitude
+    /// rises late, stays, or falls back when columns are dropped (and an all-zero row), always
+    /// quantize as the whole rows do; a mutant (a column's value changed behind the cache's back)
+    /// shows. A non-finite column is refused by its place and changes nothing.
+    #[test]
+    fn growing_rows_quantize_as_the_whole_rows() {
+        let rows = 5;
+        let value = |r: usize, c: usize| -> f32 {
+            match r {
+                0 => 0.0,
+                1 => (c as f32 * 0.37).sin(),
+                2 => c as f32 * 0.5 - 3.0,
+                3 => ((c * 7919 % 101) as f32 - 50.0) * 1e-3,
+                _ => 1e-39 * c as f32,
+            }
+        };
+        let column = |c: usize| (0..rows).map(move |r| value(r, c));
+        let whole = |len: usize| {
+            let x: Vec<f32> = (0..rows)
+                .flat_map(|r| (0..len).map(move |c| value(r, c)))
+                .collect();
+            super::quantize_rows(&x, rows, len).unwrap()
+        };
+        let mut g = super::GrowingRows::new(rows, true);
+        let mut len = 0;
+        for step in [1, 1, 3, 1, 8, 1, 1, 20, 1] {
+            let cols: Vec<f32> = (len..len + step).flat_map(column).collect();
+            g.push_columns(&cols, step).unwrap();
+            len += step;
+            assert_eq!(g.quantized().unwrap(), &whole(len), "after {len} columns");
+        }
+        for back in [30, 31, 12, 2] {
+            g.truncate(back);
+            assert_eq!(g.quantized().unwrap(), &whole(back), "truncated to {back}");
+            let cols: Vec<f32> = (back..back + 2).flat_map(column).collect();
+            g.push_columns(&cols, 2).unwrap();
+            assert_eq!(g.quantized().unwrap(), &whole(back + 2));
+        }
+        assert_eq!(
+            g.row(2),
+            &(0..4).map(|c| value(2, c)).collect::<Vec<_>>()[..]
+        );
+        let before = g.quantized().unwrap().clone();
+        let mut bad: Vec<f32> = column(4).collect();
+        bad[3] = f32::NAN;
+        let err = g.push_columns(&bad, 1).unwrap_err();
+        assert!(
+            matches!(err, super::Error::NonFinite { row: 3, col: 4, .. }),
+            "{err:?}"
+        );
+        assert_eq!(g.quantized().unwrap(), &before);
+        assert_eq!(g.len(), 4);
+        // Mutation: a kept column whose value differs from the one quantized shows.
+        let mut m = super::GrowingRows::new(rows, true);
+        let cols: Vec<f32> = (0..6).flat_map(column).collect();
+        m.push_columns(&cols, 6).unwrap();
+        let mut x: Vec<f32> = (0..rows)
+            .flat_map(|r| (0..6).map(move |c| value(r, c)))
+            .collect();
+        x[2 * 6 + 1] += 0.25;
+        assert_ne!(
+            m.quantized().unwrap(),
+            &super::quantize_rows(&x, rows, 6).unwrap()
+        );
+        // Kept as f32 only: no quantized rows, nothing refused.
+        let mut f = super::GrowingRows::new(rows, false);
+        f.push_columns(&bad, 1).unwrap();
+        assert!(f.quantized().is_none() && f.row(3)[0].is_nan());
     }
 
     /// The second plane holds what the first dropped: each element's residual against the first

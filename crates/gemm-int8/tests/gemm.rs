@@ -734,3 +734,47 @@ fn weights_borrowed_from_shared_bytes_give_the_owned_products() {
         ));
     }
 }
+
+/// Weights moved into a weight arena keep their id and give every kernel the same accumulators as
+/// before the move, for shapes with a K leftover and a partial panel; a handle whose moved lines
+/// differ from its own (one weight's sign flipped before the move) does not.
+#[test]
+fn weights_moved_into_the_arena_give_the_same_products() {
+    let Some(mut arena) = daisy_gemm_int8::WeightArena::new() else {
+        assert!(
+            !cfg!(target_os = "linux"),
+            "a Linux host reserves an arena's address space"
+        );
+        return;
+    };
+    for (seed, t, n, k) in [(1u64, 1, 37, 65), (2, 3, 576, 576), (3, 67, 34, 1536)] {
+        let a = matrix(seed, t, k);
+        let w = matrix(seed ^ 0xFFFF, n, k);
+        let qa = quantize_rows(&a, t, k).unwrap();
+        let own = PackedWeights::new(&w, n, k).unwrap();
+        let mut moved = PackedWeights::new(&w, n, k).unwrap();
+        let id = moved.id();
+        arena.take(&mut moved).unwrap();
+        assert_eq!(moved.id(), id);
+        assert_eq!(moved.to_quantized(), own.to_quantized());
+        let mut flipped_w = w.clone();
+        flipped_w[n * k - 1] = -flipped_w[n * k - 1];
+        let mut flipped = PackedWeights::new(&flipped_w, n, k).unwrap();
+        arena.take(&mut flipped).unwrap();
+        for be in backends() {
+            let mut want = vec![0; t * n];
+            be.gemm_i32(&qa, Rhs::Weights(&own), &mut want).unwrap();
+            let mut got = vec![0; t * n];
+            be.gemm_i32(&qa, Rhs::Weights(&moved), &mut got).unwrap();
+            assert_eq!(
+                first_diff(&got, &want),
+                None,
+                "{} t={t} n={n} k={k}",
+                be.name()
+            );
+            be.gemm_i32(&qa, Rhs::Weights(&flipped), &mut got).unwrap();
+            assert!(first_diff(&got, &want).is_some(), "{} t={t}", be.name());
+        }
+    }
+    assert!(arena.used() > 0);
+}

@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use daisy_gemm_int8::Quantized;
+use daisy_gemm_int8::{GrowingRows, Quantized};
 
 use crate::gemm::{ActRhs, Ctx, act_gemm_batch, act_rhs, quantize_keys};
 use crate::ops::softmax_visible_rows;
@@ -27,7 +27,8 @@ use crate::{Error, Result};
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LayerCache {
     k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    /// Vᵀ per kv head (a row per value channel, a column per position), kept quantized as it grows.
+    vt: Vec<GrowingRows>,
     kq: Vec<Quantized>,
     kq2: Vec<Quantized>,
     len: usize,
@@ -52,8 +53,8 @@ impl LayerCache {
         for k in &mut self.k {
             k.truncate(len * hd);
         }
-        for v in &mut self.v {
-            v.truncate(len * hd);
+        for vt in &mut self.vt {
+            vt.truncate(len);
         }
         for q in self.kq.iter_mut().chain(&mut self.kq2) {
             q.truncate(len);
@@ -138,7 +139,8 @@ pub(crate) fn attention(
     };
     if cache.k.is_empty() {
         cache.k = vec![Vec::new(); num_kv_heads];
-        cache.v = vec![Vec::new(); num_kv_heads];
+        let quantized = cx.precision == crate::Precision::Int8;
+        cache.vt = vec![GrowingRows::new(hd, quantized); num_kv_heads];
         if cx.precision.is_int8() {
             let empty = Quantized::empty(hd)
                 .map_err(|e| crate::gemm::gemm_err(&|| format!("keys of layer {layer}"), e))?;
@@ -157,8 +159,14 @@ pub(crate) fn attention(
             let planes = (&mut cache.kq[g], cache.kq2.get_mut(g));
             quantize_keys(cx.precision, &new_k, t, hd, planes, &what)?;
         }
-        cache.k[g].extend_from_slice(&new_k);
-        split(v, g, &mut cache.v[g]);
+        if !cx.precision.is_int8() {
+            cache.k[g].extend_from_slice(&new_k);
+        }
+        new_k.clear();
+        split(v, g, &mut new_k);
+        cache.vt[g].push_columns(&new_k, t).map_err(|e| {
+            crate::gemm::gemm_err(&|| format!("values of layer {layer} kv head {g}"), e)
+        })?;
     }
     cache.len += t;
     let nk = cache.len;
@@ -242,23 +250,21 @@ pub(crate) fn attention(
                     .for_each(mask_softmax);
             }
         }
-        // V_gᵀ: one row per value channel over every key present.
+        // V_gᵀ: one row per value channel over every key present; at int8 kept quantized by the
+        // cache, otherwise made into this call's operand from its f32 rows.
         let vts: Vec<Vec<f32>> = gs
             .iter()
-            .map(|&g| {
-                let mut vt = vec![0f32; hd * nk];
-                for (j, row) in cache.v[g].chunks_exact(hd).enumerate() {
-                    for (c, x) in row.iter().enumerate() {
-                        vt[c * nk + j] = *x;
-                    }
-                }
-                vt
-            })
+            .filter(|&&g| cache.vt[g].quantized().is_none())
+            .map(|&g| (0..hd).flat_map(|c| cache.vt[g].row(c)).copied().collect())
             .collect();
-        let values: Vec<ActRhs<'_>> = vts
-            .iter()
-            .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
-            .collect::<Result<_>>()?;
+        let kept: Option<Vec<&Quantized>> = gs.iter().map(|&g| cache.vt[g].quantized()).collect();
+        let values: Vec<ActRhs<'_>> = match kept {
+            Some(kept) => kept.into_iter().map(|q| ActRhs::Int8(q, None)).collect(),
+            None => vts
+                .iter()
+                .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
+                .collect::<Result<_>>()?,
+        };
         let jobs: Vec<(&[f32], usize, &ActRhs<'_>)> = scores
             .iter()
             .zip(&values)

@@ -72,6 +72,13 @@ impl Block {
         }
     }
 
+    pub(crate) fn linears_mut(&mut self) -> [&mut Linear; 4] {
+        match self {
+            Block::Llama(b) => [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down],
+            Block::Gpt2(b) => [&mut b.c_attn, &mut b.c_proj, &mut b.fc, &mut b.proj],
+        }
+    }
+
     pub(crate) fn bytes(&self) -> usize {
         match self {
             Block::Llama(b) => {
@@ -335,6 +342,13 @@ impl LlamaBlock {
             k.extend_from_slice(&row[qd..qd + kvd]);
             v.extend_from_slice(&row[qd + kvd..]);
         }
+        // At decode the products are memory-bound and attention is not: the GEMM's idle worker
+        // brings the next weights towards the caches meanwhile.
+        let ahead = t == 1;
+        if ahead {
+            self.o.prefetch();
+            self.gate_up.prefetch();
+        }
         crate::ops::apply_rope(&mut q, qd, cfg.head_dim, pos0, inv_freq);
         crate::ops::apply_rope(&mut k, kvd, cfg.head_dim, pos0, inv_freq);
         let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
@@ -344,11 +358,17 @@ impl LlamaBlock {
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
         }
+        if ahead {
+            self.gate_up.prefetch();
+        }
         let mut hs = x.to_vec();
         rms_norm(&mut hs, h, &self.post_norm, cfg.norm_eps);
         let gu = self
             .gate_up
             .forward(cx, &hs, t, &|| format!("layer {i} gate/up projection"))?;
+        if ahead {
+            self.down.prefetch();
+        }
         let inter = cfg.intermediate_size;
         let f = act_fn(cfg.hidden_act);
         let mut act = Vec::with_capacity(t * inter);

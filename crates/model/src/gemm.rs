@@ -303,11 +303,27 @@ impl Linear {
         Ok(Self { weight, n, k, bias })
     }
 
+    /// Ask the GEMM's idle worker to bring the weight towards the caches (int8; a hint).
+    pub(crate) fn prefetch(&self) {
+        if let Weight::Int8(p) = &self.weight {
+            daisy_gemm_int8::prefetch(p);
+        }
+    }
+
     /// The weight at int8 (one plane), if it is held so.
     pub(crate) fn int8(&self) -> Option<&PackedWeights> {
         match &self.weight {
             Weight::Int8(p) => Some(p),
             Weight::F32(_) | Weight::Int8x2(_) => None,
+        }
+    }
+
+    /// The int8 planes of the weight, to move (none at f32).
+    pub(crate) fn planes_mut(&mut self) -> Vec<&mut PackedWeights> {
+        match &mut self.weight {
+            Weight::F32(_) => Vec::new(),
+            Weight::Int8(p) => vec![p],
+            Weight::Int8x2([p1, p2]) => vec![p1, p2],
         }
     }
 

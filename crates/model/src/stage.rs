@@ -68,15 +68,38 @@ impl Stage {
                 layers: cfg.num_layers,
             });
         }
+        // Every int8 weight moves into one arena in huge pages as soon as it is made (decode streams
+        // all of them on every token), so no more than one layer's worth is ever held twice.
+        let mut arena = match precision.is_int8() {
+            true => daisy_gemm_int8::WeightArena::new(),
+            false => None,
+        };
+        let mut settle = |linears: &mut dyn Iterator<Item = &mut Linear>| -> Result<()> {
+            let Some(arena) = arena.as_mut() else {
+                return Ok(());
+            };
+            for w in linears.flat_map(Linear::planes_mut) {
+                arena
+                    .take(w)
+                    .map_err(|e| crate::gemm::gemm_err(&|| "moving a weight".into(), e))?;
+            }
+            Ok(())
+        };
         // The head first: its transient f32 copy of a tied embedding is gone before layers arrive.
         let head = if head {
-            Some(load_head(src, cfg, precision)?)
+            let mut head = load_head(src, cfg, precision)?;
+            settle(&mut std::iter::once(&mut head.lm_head))?;
+            Some(head)
         } else {
             None
         };
         let blocks = layers
             .clone()
-            .map(|i| Block::load(src, cfg, i, precision))
+            .map(|i| {
+                let mut block = Block::load(src, cfg, i, precision)?;
+                settle(&mut block.linears_mut().into_iter())?;
+                Ok(block)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),

@@ -11,7 +11,10 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod rows;
 mod scalar;
+
+pub(crate) use rows::rows_dot;
 
 /// Write `out[r][col] = Σ_{k < kmain} qa[r][k] · qb[col][k]` for every row `r < t` and every column of
 /// panels `[p0, p1)` that is below `n`.
