@@ -37,6 +37,29 @@ pub fn prefetch(w: &PackedWeights) {
     pool::prefetch(bytemuck::cast_slice(w.lines()));
 }
 
+/// Run `f(first_row, rows)` over `x` cut into runs of whole rows (`cols` values each), shared out
+/// over the GEMM's threads when there is enough work, on the calling thread otherwise: the
+/// element-wise passes between products (norms, RoPE, SiLU, softmax), so that they neither leave the
+/// GEMM's workers idle nor start a second pool of threads beside them. Runs are taken from both
+/// ends like a GEMM's rows, so a row tends to stay on the core that computed it.
+pub fn for_each_rows<T: Send>(x: &mut [T], cols: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if cols == 0 || x.is_empty() {
+        return;
+    }
+    let rows = x.len() / cols;
+    let per = pool::rows_per_chunk(rows, cols, PARALLEL_MIN_ELEMENTS);
+    if per >= rows {
+        f(0, x);
+        return;
+    }
+    let runs: Vec<(usize, &mut [T])> = x
+        .chunks_mut(per * cols)
+        .enumerate()
+        .map(|(i, run)| (i * per, run))
+        .collect();
+    pool::for_each_item(runs, |(r0, run)| f(r0, run));
+}
+
 /// The largest K for which `127² · K < 2³¹`, so the i32 accumulator is exact.
 pub const MAX_K: usize = 131_071;
 

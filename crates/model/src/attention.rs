@@ -13,9 +13,7 @@
 //! go to the backend as one batch of independent products (one round trip on a GPU) while their
 //! scores are small; each product's cells are the same either way.
 
-use rayon::prelude::*;
-
-use daisy_gemm_int8::{GrowingRows, Quantized};
+use daisy_gemm_int8::{GrowingRows, Quantized, for_each_rows};
 
 use crate::gemm::{ActRhs, Ctx, act_gemm_batch, act_rhs, quantize_keys};
 use crate::ops::softmax_visible_rows;
@@ -62,9 +60,6 @@ impl LayerCache {
         self.len = len;
     }
 }
-
-/// Softmax rows below this many elements in one call stay on the calling thread.
-const PARALLEL_SOFTMAX: usize = 1 << 15;
 
 /// Score cells (all kv-head groups) up to which one call's groups go to the backend as one batch.
 const BATCH_SCORE_CELLS: usize = 1 << 22;
@@ -175,18 +170,21 @@ pub(crate) fn attention(
     let group = num_heads / num_kv_heads;
     let rows = group * t;
     // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.
-    let mask_softmax = |(c, chunk): (usize, &mut [f32])| {
-        let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
-        let count = chunk.len() / nk;
-        for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
-            let qpos = pos0 + (c * SOFTMAX_ROWS + j) % t;
-            let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
-            *run = lo..(qpos + 1).min(nk);
-            for s in row.get_mut(run.clone()).unwrap_or_default() {
-                *s *= scale;
+    // Rows from `r0` of one group's scores, SOFTMAX_ROWS at a time.
+    let mask_softmax = |r0: usize, rows: &mut [f32]| {
+        for (c, chunk) in rows.chunks_mut(SOFTMAX_ROWS * nk).enumerate() {
+            let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
+            let count = chunk.len() / nk;
+            for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
+                let qpos = pos0 + (r0 + c * SOFTMAX_ROWS + j) % t;
+                let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+                *run = lo..(qpos + 1).min(nk);
+                for s in row.get_mut(run.clone()).unwrap_or_default() {
+                    *s *= scale;
+                }
             }
+            softmax_visible_rows(chunk, nk, &runs[..count]);
         }
-        softmax_visible_rows(chunk, nk, &runs[..count]);
     };
     // The kv-head groups whose products go to the backend together (one round trip per kind of
     // product on a device): all of them while their scores stay small, else one at a time.
@@ -240,15 +238,7 @@ pub(crate) fn attention(
             .collect();
         let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
         for s in &mut scores {
-            if rows * nk >= PARALLEL_SOFTMAX {
-                s.par_chunks_mut(SOFTMAX_ROWS * nk)
-                    .enumerate()
-                    .for_each(mask_softmax);
-            } else {
-                s.chunks_mut(SOFTMAX_ROWS * nk)
-                    .enumerate()
-                    .for_each(mask_softmax);
-            }
+            for_each_rows(s, nk, mask_softmax);
         }
         // V_gᵀ: one row per value channel over every key present; at int8 kept quantized by the
         // cache, otherwise made into this call's operand from its f32 rows.

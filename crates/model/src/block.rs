@@ -9,7 +9,9 @@
 use crate::attention::{Heads, LayerCache, attention};
 use crate::device::{DeviceKv, LlamaLayer};
 use crate::gemm::{Ctx, Linear, Precision};
-use crate::ops::{first_non_finite, gelu_new, layer_norm, rms_norm, silu};
+use crate::ops::{
+    Rope, add_rows, first_non_finite, gelu_new, layer_norm, rms_norm, rotate, silu, silu_mul_rows,
+};
 use crate::shard::{Put, Take};
 use crate::source::{Source, read_shaped};
 use crate::{Error, Result};
@@ -213,7 +215,7 @@ impl Block {
         &self,
         cfg: &ModelConfig,
         cx: Ctx<'_>,
-        inv_freq: &[f32],
+        rope: &Rope<'_>,
         x: &mut [f32],
         t: usize,
         pos0: usize,
@@ -221,7 +223,7 @@ impl Block {
     ) -> Result<()> {
         let index = match self {
             Block::Llama(b) => {
-                b.forward(cfg, cx, inv_freq, x, t, pos0, cache)?;
+                b.forward(cfg, cx, rope, x, t, pos0, cache)?;
                 b.index
             }
             Block::Gpt2(b) => {
@@ -319,7 +321,7 @@ impl LlamaBlock {
         &self,
         cfg: &ModelConfig,
         cx: Ctx<'_>,
-        inv_freq: &[f32],
+        rope: &Rope<'_>,
         x: &mut [f32],
         t: usize,
         pos0: usize,
@@ -349,15 +351,13 @@ impl LlamaBlock {
             self.o.prefetch();
             self.gate_up.prefetch();
         }
-        crate::ops::apply_rope(&mut q, qd, cfg.head_dim, pos0, inv_freq);
-        crate::ops::apply_rope(&mut k, kvd, cfg.head_dim, pos0, inv_freq);
+        rotate(&mut q, qd, rope);
+        rotate(&mut k, kvd, rope);
         let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
         let o = self.o.forward(cx, &attn, t, &|| {
             format!("layer {i} attention output projection")
         })?;
-        for (xv, ov) in x.iter_mut().zip(&o) {
-            *xv += ov;
-        }
+        add_rows(x, &o, h);
         if ahead {
             self.gate_up.prefetch();
         }
@@ -370,22 +370,21 @@ impl LlamaBlock {
             self.down.prefetch();
         }
         let inter = cfg.intermediate_size;
-        let f = act_fn(cfg.hidden_act);
-        let mut act = Vec::with_capacity(t * inter);
-        for row in gu.chunks_exact(2 * inter) {
-            let (g, u) = row.split_at(inter);
-            if cfg.hidden_act == HiddenAct::Silu {
-                crate::ops::silu_mul(g, u, &mut act);
-            } else {
+        let act = if cfg.hidden_act == HiddenAct::Silu {
+            silu_mul_rows(&gu, inter)
+        } else {
+            let f = act_fn(cfg.hidden_act);
+            let mut act = Vec::with_capacity(t * inter);
+            for row in gu.chunks_exact(2 * inter) {
+                let (g, u) = row.split_at(inter);
                 act.extend(g.iter().zip(u).map(|(g, u)| f(*g) * u));
             }
-        }
+            act
+        };
         let d = self
             .down
             .forward(cx, &act, t, &|| format!("layer {i} down projection"))?;
-        for (xv, dv) in x.iter_mut().zip(&d) {
-            *xv += dv;
-        }
+        add_rows(x, &d, h);
         Ok(())
     }
 }

@@ -83,17 +83,19 @@ pub(crate) fn matmul_f32(a: &[f32], t: usize, b: &[f32], n: usize, k: usize) -> 
 /// `inv = 1/sqrt(mean(x²) + eps)` is computed in f64 (the squares of f32 values are exact there; the
 /// sum's rounding errors are far below an f32 ulp, so its order does not matter) and rounded once.
 pub fn rms_norm(x: &mut [f32], cols: usize, weight: &[f32], eps: f32) {
-    for row in x.chunks_exact_mut(cols) {
-        let ms = row
-            .iter()
-            .map(|&v| f64::from(v) * f64::from(v))
-            .sum::<f64>()
-            / cols as f64;
-        let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
-        for (v, w) in row.iter_mut().zip(weight) {
-            *v = w * (*v * inv);
+    for_each_rows(x, cols, |_, rows| {
+        for row in rows.chunks_exact_mut(cols) {
+            let ms = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / cols as f64;
+            let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
+            for (v, w) in row.iter_mut().zip(weight) {
+                *v = w * (*v * inv);
+            }
         }
-    }
+    });
 }
 
 /// GPT-2's LayerNorm over each row: mean and biased variance in f64, `y = (x − mean)/sqrt(var + eps)`
@@ -123,6 +125,8 @@ pub fn rope_inv_freq(theta: f32, head_dim: usize) -> Vec<f32> {
 }
 
 pub(crate) use crate::exp::exp;
+use daisy_gemm_int8::for_each_rows;
+
 use crate::exp::exp_slice;
 
 /// A transcendental of DESIGN §3.8: libm's f64 function `f` of the widened argument, rounded once.
@@ -135,20 +139,72 @@ fn rounded(f: fn(f64) -> f64, x: f32) -> f32 {
 /// `transformers`' `rotate_half` convention: `x·cos + rotate_half(x)·sin`. The angle is the f32
 /// product `pos · inv_freq[i]`, as `transformers` forms it.
 pub fn apply_rope(x: &mut [f32], cols: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
-    let half = head_dim / 2;
-    let mut cos = vec![0f32; half];
-    let mut sin = vec![0f32; half];
-    for (r, row) in x.chunks_exact_mut(cols).enumerate() {
-        rope_cos_sin(pos0 + r, &inv_freq[..half], &mut cos, &mut sin);
-        for head in row.chunks_exact_mut(head_dim) {
-            for i in 0..half {
-                let x1 = head[i];
-                let x2 = head[i + half];
-                head[i] = x1 * cos[i] - x2 * sin[i];
-                head[i + half] = x2 * cos[i] + x1 * sin[i];
-            }
+    let rows = x.len() / cols.max(1);
+    rotate(x, cols, &Rope::new(inv_freq, head_dim, pos0, rows));
+}
+
+/// RoPE's tables for the rows of one pass (positions `pos0..pos0 + rows`), made once on first use
+/// and shared by every layer of the pass.
+pub(crate) struct Rope<'a> {
+    inv_freq: &'a [f32],
+    head_dim: usize,
+    pos0: usize,
+    rows: usize,
+    /// `cos` then `sin`, `rows × head_dim/2` each.
+    tables: std::sync::OnceLock<(Vec<f32>, Vec<f32>)>,
+}
+
+impl<'a> Rope<'a> {
+    pub(crate) fn new(inv_freq: &'a [f32], head_dim: usize, pos0: usize, rows: usize) -> Self {
+        Self {
+            inv_freq,
+            head_dim,
+            pos0,
+            rows,
+            tables: std::sync::OnceLock::new(),
         }
     }
+
+    fn tables(&self) -> &(Vec<f32>, Vec<f32>) {
+        self.tables.get_or_init(|| {
+            let half = self.head_dim / 2;
+            let mut cos = vec![0f32; self.rows * half];
+            let mut sin = vec![0f32; self.rows * half];
+            if half > 0 {
+                for (r, (c, s)) in cos
+                    .chunks_exact_mut(half)
+                    .zip(sin.chunks_exact_mut(half))
+                    .enumerate()
+                {
+                    rope_cos_sin(self.pos0 + r, &self.inv_freq[..half], c, s);
+                }
+            }
+            (cos, sin)
+        })
+    }
+}
+
+/// RoPE on every head of the rows of `x` (`cols` wide, one row per position of `rope`).
+pub(crate) fn rotate(x: &mut [f32], cols: usize, rope: &Rope<'_>) {
+    let (hd, half) = (rope.head_dim, rope.head_dim / 2);
+    if half == 0 || cols == 0 {
+        return;
+    }
+    let (cos, sin) = rope.tables();
+    for_each_rows(x, cols, |r0, rows| {
+        for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
+            let at = (r0 + r) * half;
+            let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
+            for head in row.chunks_exact_mut(hd) {
+                for i in 0..half {
+                    let x1 = head[i];
+                    let x2 = head[i + half];
+                    head[i] = x1 * cos[i] - x2 * sin[i];
+                    head[i + half] = x2 * cos[i] + x1 * sin[i];
+                }
+            }
+        }
+    });
 }
 
 /// RoPE's `cos` and `sin` at position `pos` for each frequency: the f64 functions of the f32
@@ -169,6 +225,22 @@ pub(crate) fn silu(x: f32) -> f32 {
 }
 
 /// `silu(g[i]) · u[i]` for each i, appended to `out` (the bits of [`silu`], vectorized).
+/// The activation of the gated MLP over `t` rows of `gu` (each row its gate, then its up values,
+/// `inter` of each): `silu(gate) · up` per element, rows shared out over the GEMM's threads.
+pub(crate) fn silu_mul_rows(gu: &[f32], inter: usize) -> Vec<f32> {
+    let mut act = vec![0f32; gu.len() / 2];
+    for_each_rows(&mut act, inter, |r0, rows| {
+        let mut row_out = Vec::with_capacity(inter);
+        for (r, out) in rows.chunks_exact_mut(inter).enumerate() {
+            let (g, u) = gu[(r0 + r) * 2 * inter..(r0 + r + 1) * 2 * inter].split_at(inter);
+            row_out.clear();
+            silu_mul(g, u, &mut row_out);
+            out.copy_from_slice(&row_out);
+        }
+    });
+    act
+}
+
 pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
     let start = out.len();
     out.extend(g.iter().map(|v| -v));
@@ -313,6 +385,16 @@ pub fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Ran
             }
         }
     }
+}
+
+/// `x += y` element by element (the residual stream: `cols` values a row), rows shared out over the
+/// GEMM's threads.
+pub(crate) fn add_rows(x: &mut [f32], y: &[f32], cols: usize) {
+    for_each_rows(x, cols, |r0, rows| {
+        for (v, w) in rows.iter_mut().zip(&y[r0 * cols..]) {
+            *v += w;
+        }
+    });
 }
 
 /// The first non-finite value in `x`, if any.

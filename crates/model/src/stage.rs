@@ -11,7 +11,7 @@ use crate::attention::LayerCache;
 use crate::block::{Block, StageCache};
 use crate::device::{DeviceHead, DeviceKv, DeviceLayers, LayerShape, LlamaLayer};
 use crate::gemm::{Ctx, Linear, Precision};
-use crate::ops::{first_non_finite, layer_norm, rms_norm, rope_inv_freq};
+use crate::ops::{Rope, first_non_finite, layer_norm, rms_norm, rope_inv_freq};
 use crate::shard::{Shard, ShardKey, ShardWriter, Streamed};
 use crate::source::{Embedding, Source, read_shaped};
 use crate::{Error, Result};
@@ -537,6 +537,7 @@ impl Stage {
         if let Some(streamed) = &self.streamed {
             return self.forward_streamed(streamed, x, rows, pos0, cache);
         }
+        let rope = Rope::new(&self.inv_freq, self.cfg.head_dim, pos0, rows);
         match cache {
             Some(cache) => {
                 if cache.device.is_some() {
@@ -553,21 +554,13 @@ impl Stage {
                 }
                 for (i, (b, c)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
                     self.check_mapped(i)?;
-                    b.forward(
-                        &self.cfg,
-                        self.ctx(),
-                        &self.inv_freq,
-                        x,
-                        rows,
-                        pos0,
-                        Some(c),
-                    )?;
+                    b.forward(&self.cfg, self.ctx(), &rope, x, rows, pos0, Some(c))?;
                 }
             }
             None => {
                 for (i, b) in self.blocks.iter().enumerate() {
                     self.check_mapped(i)?;
-                    b.forward(&self.cfg, self.ctx(), &self.inv_freq, x, rows, pos0, None)?;
+                    b.forward(&self.cfg, self.ctx(), &rope, x, rows, pos0, None)?;
                 }
             }
         }
@@ -611,6 +604,7 @@ impl Stage {
         }
         let unpack =
             |i: usize| move |check: bool| streamed.unpack(&self.cfg, self.precision, i, check);
+        let rope = Rope::new(&self.inv_freq, self.cfg.head_dim, pos0, rows);
         for i in 0..n {
             let block = {
                 let mut live = streamed.live();
@@ -621,15 +615,7 @@ impl Stage {
                 block
             };
             let layer_cache = cache.as_deref_mut().map(|c| &mut c.layers[i]);
-            let ran = block.forward(
-                &self.cfg,
-                self.ctx(),
-                &self.inv_freq,
-                x,
-                rows,
-                pos0,
-                layer_cache,
-            );
+            let ran = block.forward(&self.cfg, self.ctx(), &rope, x, rows, pos0, layer_cache);
             streamed.live().drop_layer(i);
             ran?;
         }
