@@ -15,7 +15,7 @@ mod quant;
 mod verify;
 
 pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_shapes};
-pub use packed::{PackedParts, PackedWeights, SharedBytes, WeightArena};
+pub use packed::{HugeBytes, PackedParts, PackedWeights, SharedBytes, WeightArena};
 pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,

@@ -408,6 +408,7 @@ unsafe impl Sync for Reservation {}
 const HUGE_PAGE: usize = 2 << 20;
 
 impl Reservation {
+    /// As much address space as this machine has memory.
     #[cfg(target_os = "linux")]
     fn new() -> Option<Self> {
         // SAFETY: sysconf only reads system parameters.
@@ -420,7 +421,18 @@ impl Reservation {
         let memory = usize::try_from(pages)
             .ok()?
             .checked_mul(usize::try_from(page).ok()?)?;
-        let len = memory.next_multiple_of(HUGE_PAGE);
+        Self::with_len(memory)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new() -> Option<Self> {
+        None
+    }
+
+    /// `len` bytes (rounded up to whole huge pages) of address space, zero until written.
+    #[cfg(target_os = "linux")]
+    fn with_len(len: usize) -> Option<Self> {
+        let len = len.max(1).next_multiple_of(HUGE_PAGE);
         let map_len = len.checked_add(HUGE_PAGE)?;
         // SAFETY: a fresh private anonymous mapping that nothing else refers to; NORESERVE:
         // address space only, pages are committed as they are written.
@@ -450,8 +462,37 @@ impl Reservation {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn new() -> Option<Self> {
+    fn with_len(_len: usize) -> Option<Self> {
         None
+    }
+}
+
+/// Zeroed bytes of this process in memory that the OS is asked to back with 2 MiB pages (a shard's
+/// layers read from its file: decode streams them on every token), on a 2 MiB boundary.
+pub struct HugeBytes {
+    block: Reservation,
+    len: usize,
+}
+
+impl HugeBytes {
+    /// `len` zero bytes, or `None` where such memory cannot be had (not Linux, or the OS refuses
+    /// the mapping).
+    pub fn zeroed(len: usize) -> Option<Self> {
+        Reservation::with_len(len).map(|block| Self { block, len })
+    }
+}
+
+impl AsRef<[u8]> for HugeBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes from `start` lie inside the mapping this value owns.
+        unsafe { std::slice::from_raw_parts(self.block.start, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for HugeBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_ref`, through the one `&mut` to this value.
+        unsafe { std::slice::from_raw_parts_mut(self.block.start, self.len) }
     }
 }
 

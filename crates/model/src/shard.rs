@@ -23,7 +23,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use daisy_gemm_int8::{PackedWeights, SharedBytes};
+use daisy_gemm_int8::{HugeBytes, PackedWeights, SharedBytes};
 use sha2::{Digest, Sha256};
 
 use crate::block::Block;
@@ -374,8 +374,21 @@ impl Shard {
         start..start + len as usize
     }
 
-    /// The whole file mapped, for layers borrowed in place.
+    /// The whole file in memory, for layers borrowed in place: read into huge pages
+    /// (`daisy_gemm_int8::HugeBytes`, as loaded layers are: decode streams them on every token),
+    /// or memory-mapped where such memory cannot be had.
     pub(crate) fn map(&self) -> Result<SharedBytes> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.path.display())))?
+            .len();
+        if let Some(mut bytes) = usize::try_from(len).ok().and_then(HugeBytes::zeroed) {
+            self.file
+                .read_exact_at(bytes.as_mut(), 0)
+                .map_err(|e| Error::Invalid(format!("shard {}: {e}", self.path.display())))?;
+            return Ok(Arc::new(bytes));
+        }
         // SAFETY: the file is opened read-only and mapped read-only. A shard is only ever replaced
         // by renaming a new file over its name, which leaves this mapping on the old one; a
         // process truncating it in place would be outside what this cache folder promises.
