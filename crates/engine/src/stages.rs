@@ -51,7 +51,7 @@ pub fn shard_path(
 
 /// Load layers `layers` (the head's tensors too when `head`) from `source`, streamed from the
 /// layers' shard when there are more than `max` of them. With `keep`, resident int8 layers (two or
-/// more) are mapped from their shard when one is there, and written to it after loading otherwise,
+/// more) are read from their shard when one is there, and written to it after loading otherwise,
 /// so the next start is ready without fetching or quantizing them again.
 pub fn load_layers(
     source: &dyn Source,
@@ -87,7 +87,7 @@ pub fn load_layers(
                 Stage::load_mapped(source, cfg, layers.clone(), head, precision, &path)?
             {
                 eprintln!(
-                    "layers {layers:?} mapped from {} in {:.3}s (the shard was there already)",
+                    "layers {layers:?} read from {} in {:.3}s (the shard was there already)",
                     path.display(),
                     t0.elapsed().as_secs_f64()
                 );

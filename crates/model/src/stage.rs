@@ -155,8 +155,9 @@ impl Stage {
     }
 
     /// [`Stage::load`], with the layers resident but borrowed in place from the shard at `shard`,
-    /// memory-mapped: nothing of them is fetched, widened or quantized, so the stage is ready in
-    /// about the time the header takes to read. Each layer's SHA-256 is checked the first time a
+    /// read whole into huge pages (memory-mapped where such memory cannot be had): nothing of them
+    /// is fetched, widened or quantized, so the stage is ready in about the time the file takes
+    /// to read. Each layer's SHA-256 is checked the first time a
     /// forward runs it (a layer that fails is refused by name and the file removed, so the next
     /// start writes it again). `None` when there is no shard of these layers of this model at this
     /// precision (or it is of another version, or not whole).

@@ -1168,11 +1168,11 @@ fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
         live.join("member-0", None, args, &env);
         live.finish()
     };
-    // First start: fetched, then kept. A restart: mapped, no layer fetched. With
+    // First start: fetched, then kept. A restart: read from the shard, no layer fetched. With
     // `--keep-layers off` (the mutation) the restart fetches them all again.
     for (round, args, said, fetched) in [
         (0, &[][..], "written to", own + open),
-        (1, &[][..], "mapped from", open),
+        (1, &[][..], "read from", open),
         (2, &["--keep-layers", "off"][..], "", own + open),
     ] {
         let run = turn(args);
@@ -1181,7 +1181,7 @@ fn a_restarted_member_maps_its_kept_layers_and_fetches_none_of_them() {
         assert!(err.contains(said), "round {round}:\n{err}");
         if round == 2 {
             assert!(
-                !err.contains("mapped from") && !err.contains("written to"),
+                !err.contains("read from") && !err.contains("written to"),
                 "round {round}:\n{err}"
             );
         }

@@ -93,7 +93,7 @@ pub(crate) struct ResidencyArgs {
 #[derive(Clone, Copy, Debug, clap::Args)]
 pub(crate) struct KeepArgs {
     /// Keep this stage's int8 layers (two or more, resident) as a flat shard in the cache folder
-    /// after loading them, and map it on the next start of the same layers of the same model:
+    /// after loading them, and read it on the next start of the same layers of the same model:
     /// ready without fetching or quantizing them again. `off` neither reads nor writes one.
     #[arg(long, value_enum, default_value_t = Switch::On, value_name = "on|off")]
     pub(crate) keep_layers: Switch,
