@@ -9,6 +9,11 @@
 //! requirements). Figures: `pp512` and `tg128` (`llama-bench -t` = this machine's threads, as
 //! ours), the peak RSS of a `tg128` run, and the same model split over two RPC servers on loopback
 //! (`-ngl 99 --rpc`, the two-machine split llama.cpp offers) — then ours over theirs.
+//!
+//! The speed ratios come from [`PAIRED_ROUNDS`] interleaved rounds (ours prefill, their pp512, ours
+//! decode, their tg128, one run each), as the median of the rounds' ratios: a shared machine's
+//! speed drifts by tens of percent from one minute to the next, and both sides of a ratio should
+//! see the same minutes. Each side's median of the rounds is printed beside it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -191,6 +196,14 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
     if let Some(peak) = peak {
         figures.push(fig("peak_rss_tg128", peak as f64 / 1e6, "MB"));
     }
+    figures.extend(paired(root, &|extra: &[&str]| {
+        let mut cmd = Command::new(&tools.bench);
+        cmd.arg("-m")
+            .arg(&gguf)
+            .args(["-t", &t, "-r", "1", "-o", "json"]);
+        cmd.args(extra);
+        cmd
+    })?);
     match &tools.rpc_server {
         None => eprintln!("llama.cpp: no RPC server beside llama-bench; the split is not measured"),
         Some(server) => {
@@ -217,6 +230,72 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
         }
     }
     Ok(figures)
+}
+
+/// Interleaved rounds of each side's prefill and decode behind the speed ratios.
+const PAIRED_ROUNDS: usize = 5;
+
+/// [`PAIRED_ROUNDS`] rounds of ours (the release `node`, as the model figures run it) and theirs
+/// (`bench` makes a one-repetition `llama-bench`), alternating; each side's median and the median
+/// of the rounds' ratios.
+fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec<Figure>> {
+    use crate::bench_model::{build_release, prompt_of, run_int8, timing};
+    build_release()?;
+    let text = std::fs::read_to_string(root.join(crate::bench_model::TEXT))?;
+    let long = prompt_of(root, &text, 512)?;
+    let short = prompt_of(root, &text, 16)?;
+    // (ours, theirs) per round, for prefill and for decode.
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS {
+        eprintln!("paired round {} of {PAIRED_ROUNDS}", round + 1);
+        let j = run_int8(root, &long, 1, "full-window")?;
+        let tokens = j["prompt_ids"].as_array().map_or(0, Vec::len) as f64;
+        let ours = tokens / timing(&j, "prefill_s")?;
+        let pp = run_bench(&mut bench(&["-p", "512", "-n", "0"]))?;
+        prefill.push((ours, rate(&pp, 512, 0)?));
+        let j = run_int8(root, &short, 129, "cached")?;
+        let ours = timing(&j, "decode_tokens_per_s")?;
+        let tg = run_bench(&mut bench(&["-p", "0", "-n", "128"]))?;
+        decode.push((ours, rate(&tg, 0, 128)?));
+    }
+    let fig = |name: &str, value: f64, unit: &str| Figure {
+        name: name.to_string(),
+        value,
+        unit: unit.to_string(),
+    };
+    let mut figures = Vec::new();
+    for (rounds, what, ours, theirs) in [
+        (&prefill, "prefill_512_vs_pp512", "prefill_512", "pp512"),
+        (&decode, "decode_vs_tg128", "decode_cached_1_stage", "tg128"),
+    ] {
+        let side = |f: fn(&(f64, f64)) -> f64| median(rounds.iter().map(f).collect());
+        figures.push(fig(
+            &format!("paired/smollm2-135m/int8/{ours}_median"),
+            side(|r| r.0),
+            "tok/s",
+        ));
+        figures.push(fig(
+            &format!("paired/llama.cpp/q8_0/{theirs}_median"),
+            side(|r| r.1),
+            "tok/s",
+        ));
+        figures.push(fig(
+            &format!("ours_vs_llama.cpp/smollm2-135m/{what}"),
+            side(|r| r.0 / r.1),
+            "x",
+        ));
+    }
+    Ok(figures)
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// [`run_bench`], and the peak RSS of the process (read by `wait4`; none off Linux).
@@ -263,17 +342,8 @@ fn peak_of(cmd: &mut Command) -> anyhow::Result<(String, Option<u64>)> {
 /// Ours over theirs, for the figures both runs produced.
 pub(crate) fn ratios(figures: &[Figure]) -> Vec<Figure> {
     let get = |name: &str| figures.iter().find(|f| f.name == name).map(|f| f.value);
+    // The speed ratios come from the paired rounds (see `paired`).
     let pairs = [
-        (
-            "prefill_512_vs_pp512",
-            "model/smollm2-135m/int8/prefill_512",
-            "llama.cpp/smollm2-135m/q8_0/pp512",
-        ),
-        (
-            "decode_vs_tg128",
-            "model/smollm2-135m/int8/decode_cached_1_stage",
-            "llama.cpp/smollm2-135m/q8_0/tg128",
-        ),
         (
             "peak_rss_vs_tg128_peak_rss",
             "model/smollm2-135m/int8/peak_rss",
@@ -320,16 +390,23 @@ mod tests {
             unit: String::new(),
         };
         let figures = [
-            f("model/smollm2-135m/int8/prefill_512", 1200.0),
-            f("llama.cpp/smollm2-135m/q8_0/pp512", 600.0),
-            f("model/smollm2-135m/int8/decode_cached_1_stage", 100.0),
+            f("model/smollm2-135m/int8/peak_rss", 170.0),
+            f("llama.cpp/smollm2-135m/q8_0/peak_rss_tg128", 200.0),
+            f("ring/smollm2-135m/int8/decode_cached_3_processes", 100.0),
         ];
         let r = ratios(&figures);
-        assert_eq!(r.len(), 1, "tg128 is missing, so only the prefill pair");
+        assert_eq!(r.len(), 1, "the RPC split is missing, so only the RSS pair");
         assert_eq!(
             r[0].name,
-            "ours_vs_llama.cpp/smollm2-135m/prefill_512_vs_pp512"
+            "ours_vs_llama.cpp/smollm2-135m/peak_rss_vs_tg128_peak_rss"
         );
-        assert_eq!(r[0].value, 2.0);
+        assert_eq!(r[0].value, 0.85);
+    }
+
+    #[test]
+    fn medians_take_the_middle() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
     }
 }

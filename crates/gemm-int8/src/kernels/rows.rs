@@ -25,10 +25,93 @@ pub(crate) unsafe fn rows_dot(
     n: usize,
 ) {
     debug_assert!(a.len() == t * k && b.len() >= c1 * k && c1 <= n);
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx512Vnni | Isa::Amx) && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: forwarded from the caller (AVX-512 VNNI and AMX imply F and BW); VL was
+        // detected just above.
+        return unsafe { rows_dot_avx512(a, t, b, k, (c0, c1), out, n) };
+    }
     for c in c0..c1 {
         let bc = &b[c * k..(c + 1) * k];
         for r in 0..t {
             let v = dot(isa, &a[r * k..(r + 1) * k], bc);
+            // SAFETY: r < t and c < n: inside the caller's cells.
+            unsafe { *out.add(r * n + c) = v };
+        }
+    }
+}
+
+/// [`rows_dot`] eight cells of a row of A at a time: eight B rows against one A row in eight
+/// accumulators, summed across their lanes together (one transposing `vphaddd` tree instead of a
+/// horizontal reduction per cell); the last `k mod 32` values by a masked load of zeros past them.
+///
+/// # Safety
+/// As [`rows_dot`], and the CPU must support avx512f, avx512bw, avx512vl and avx2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn rows_dot_avx512(
+    a: &[i8],
+    t: usize,
+    b: &[i8],
+    k: usize,
+    (c0, c1): (usize, usize),
+    out: *mut i32,
+    n: usize,
+) {
+    use std::arch::x86_64::*;
+    let main = k - k % 32;
+    let tail: __mmask32 = if k % 32 == 0 {
+        0
+    } else {
+        (1u32 << (k % 32)) - 1
+    };
+    // 32 values at `p` (or the first `k mod 32` of them, zeros after) widened to i16.
+    let load = |p: *const i8, full: bool| -> __m512i {
+        // SAFETY: the caller's bounds: a full load lies inside its row, a masked one reads only
+        // the row's last `k mod 32` bytes.
+        unsafe {
+            _mm512_cvtepi8_epi16(if full {
+                _mm256_loadu_si256(p.cast())
+            } else {
+                _mm256_maskz_loadu_epi8(tail, p)
+            })
+        }
+    };
+    for r in 0..t {
+        let ar = a[r * k..].as_ptr();
+        let mut c = c0;
+        while c + 8 <= c1 {
+            let mut acc = [_mm512_setzero_si512(); 8];
+            let mut i = 0;
+            while i < k {
+                let full = i < main;
+                // SAFETY: i < k: inside row r of A and rows c..c + 8 of B.
+                let av = load(unsafe { ar.add(i) }, full);
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let bv = load(unsafe { b.as_ptr().add((c + j) * k + i) }, full);
+                    *acc = _mm512_add_epi32(*acc, _mm512_madd_epi16(av, bv));
+                }
+                i += 32;
+            }
+            let h = acc.map(|z| {
+                _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
+            });
+            let u0 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+            let u1 =
+                _mm256_hadd_epi32(_mm256_hadd_epi32(h[4], h[5]), _mm256_hadd_epi32(h[6], h[7]));
+            let sums = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(u0, u1),
+                _mm256_permute2x128_si256::<0x31>(u0, u1),
+            );
+            // SAFETY: cells (r, c..c + 8) lie inside the caller's columns of `out`.
+            unsafe { _mm256_storeu_si256(out.add(r * n + c).cast(), sums) };
+            c += 8;
+        }
+        for c in c..c1 {
+            // SAFETY: the CPU supports AVX-512 F and BW (this function's features).
+            let v = unsafe { dot_avx512(&a[r * k..(r + 1) * k], &b[c * k..(c + 1) * k]) };
             // SAFETY: r < t and c < n: inside the caller's cells.
             unsafe { *out.add(r * n + c) = v };
         }
