@@ -61,7 +61,7 @@ unsafe fn rows_dot_avx512(
 ) {
     use std::arch::x86_64::*;
     let main = k - k % 32;
-    let tail: __mmask32 = if k % 32 == 0 {
+    let tail: __mmask32 = if k.is_multiple_of(32) {
         0
     } else {
         (1u32 << (k % 32)) - 1
