@@ -308,9 +308,14 @@ pub fn gemm_quantized_batch(
     backend: &dyn Backend,
     pairs: &[(&Quantized, Rhs<'_>)],
 ) -> Result<Vec<Vec<f32>>, Error> {
+    // Zeroed row by row on the threads that will write those rows (attention's scores at a long
+    // prompt are megabytes per layer).
     let mut outs: Vec<Vec<f32>> = pairs
         .iter()
-        .map(|(a, b)| vec![0f32; a.rows() * b.n()])
+        .map(|(a, b)| {
+            let (t, n) = (a.rows(), b.n());
+            pool::zeroed_rows(t, n, pool::rows_per_chunk(t, n, PARALLEL_MIN_ELEMENTS / 4))
+        })
         .collect();
     {
         let mut items = Vec::with_capacity(pairs.len());
