@@ -82,16 +82,14 @@ pub(crate) fn score_scale(head_dim: usize) -> f32 {
 
 /// Attention of `t` query rows at positions `pos0..pos0+t`.
 ///
-/// `q` is `t × num_heads·head_dim`, `k` and `v` are `t × num_kv_heads·head_dim`. Without a cache the
-/// call sees exactly these keys and `pos0` must be 0; with one, the new keys are appended and the call
-/// sees every cached key plus these. Returns `t × num_heads·head_dim`.
-#[allow(clippy::too_many_arguments)]
+/// `qkv` holds `t` rows of the q/k/v projection as it comes out of its GEMM: each row its query heads
+/// (`num_heads·head_dim`), then its key heads and its value heads (`num_kv_heads·head_dim` each).
+/// Without a cache the call sees exactly these keys and `pos0` must be 0; with one, the new keys are
+/// appended and the call sees every cached key plus these. Returns `t × num_heads·head_dim`.
 pub(crate) fn attention(
     cx: Ctx<'_>,
     shape: &Heads,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    qkv: &[f32],
     t: usize,
     pos0: usize,
     cache: Option<&mut LayerCache>,
@@ -105,9 +103,17 @@ pub(crate) fn attention(
     } = *shape;
     let kv_cols = num_kv_heads * hd;
     let q_cols = num_heads * hd;
-    let split = |src: &[f32], g: usize, out: &mut Vec<f32>| {
-        for row in src.chunks_exact(kv_cols) {
-            out.extend_from_slice(&row[g * hd..(g + 1) * hd]);
+    let width = q_cols + 2 * kv_cols;
+    if qkv.len() != t * width {
+        return Err(Error::Invalid(format!(
+            "attention of layer {layer}: {} projected values for {t} rows of {width}",
+            qkv.len()
+        )));
+    }
+    // Head `g`'s columns of the part that starts at column `from` of every row.
+    let split = |from: usize, g: usize, out: &mut Vec<f32>| {
+        for row in qkv.chunks_exact(width) {
+            out.extend_from_slice(&row[from + g * hd..from + (g + 1) * hd]);
         }
     };
     let mut local = LayerCache::default();
@@ -148,7 +154,7 @@ pub(crate) fn attention(
     let mut new_k = Vec::with_capacity(t * hd);
     for g in 0..num_kv_heads {
         new_k.clear();
-        split(k, g, &mut new_k);
+        split(q_cols, g, &mut new_k);
         if cx.precision.is_int8() {
             let what = || format!("keys of layer {layer} kv head {g}");
             let planes = (&mut cache.kq[g], cache.kq2.get_mut(g));
@@ -158,7 +164,7 @@ pub(crate) fn attention(
             cache.k[g].extend_from_slice(&new_k);
         }
         new_k.clear();
-        split(v, g, &mut new_k);
+        split(q_cols + kv_cols, g, &mut new_k);
         cache.vt[g].push_columns(&new_k, t).map_err(|e| {
             crate::gemm::gemm_err(&|| format!("values of layer {layer} kv head {g}"), e)
         })?;
@@ -211,9 +217,7 @@ pub(crate) fn attention(
             .map(|&g| {
                 let mut qg = Vec::with_capacity(rows * hd);
                 for h in g * group..(g + 1) * group {
-                    for row in q.chunks_exact(q_cols) {
-                        qg.extend_from_slice(&row[h * hd..(h + 1) * hd]);
-                    }
+                    split(0, h, &mut qg);
                 }
                 qg
             })

@@ -333,17 +333,9 @@ impl LlamaBlock {
         let kvd = cfg.num_kv_heads * cfg.head_dim;
         let mut hs = x.to_vec();
         rms_norm(&mut hs, h, &self.input_norm, cfg.norm_eps);
-        let qkv = self
+        let mut qkv = self
             .qkv
             .forward(cx, &hs, t, &|| format!("layer {i} q/k/v projection"))?;
-        let mut q = Vec::with_capacity(t * qd);
-        let mut k = Vec::with_capacity(t * kvd);
-        let mut v = Vec::with_capacity(t * kvd);
-        for row in qkv.chunks_exact(qd + 2 * kvd) {
-            q.extend_from_slice(&row[..qd]);
-            k.extend_from_slice(&row[qd..qd + kvd]);
-            v.extend_from_slice(&row[qd + kvd..]);
-        }
         // At decode the products are memory-bound and attention is not: the GEMM's idle worker
         // brings the next weights towards the caches meanwhile.
         let ahead = t == 1;
@@ -351,9 +343,9 @@ impl LlamaBlock {
             self.o.prefetch();
             self.gate_up.prefetch();
         }
-        rotate(&mut q, qd, rope);
-        rotate(&mut k, kvd, rope);
-        let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        // The query heads and the key heads lie side by side at the start of each row.
+        rotate(&mut qkv, qd + 2 * kvd, qd + kvd, rope);
+        let attn = attention(cx, &heads(cfg, i), &qkv, t, pos0, cache, i)?;
         let o = self.o.forward(cx, &attn, t, &|| {
             format!("layer {i} attention output projection")
         })?;
@@ -432,15 +424,7 @@ impl Gpt2Block {
         let qkv = self
             .c_attn
             .forward(cx, &hs, t, &|| format!("layer {i} c_attn"))?;
-        let mut q = Vec::with_capacity(t * h);
-        let mut k = Vec::with_capacity(t * h);
-        let mut v = Vec::with_capacity(t * h);
-        for row in qkv.chunks_exact(3 * h) {
-            q.extend_from_slice(&row[..h]);
-            k.extend_from_slice(&row[h..2 * h]);
-            v.extend_from_slice(&row[2 * h..]);
-        }
-        let attn = attention(cx, &heads(cfg, i), &q, &k, &v, t, pos0, cache, i)?;
+        let attn = attention(cx, &heads(cfg, i), &qkv, t, pos0, cache, i)?;
         let o = self
             .c_proj
             .forward(cx, &attn, t, &|| format!("layer {i} attention c_proj"))?;

@@ -140,7 +140,7 @@ fn rounded(f: fn(f64) -> f64, x: f32) -> f32 {
 /// product `pos · inv_freq[i]`, as `transformers` forms it.
 pub fn apply_rope(x: &mut [f32], cols: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
     let rows = x.len() / cols.max(1);
-    rotate(x, cols, &Rope::new(inv_freq, head_dim, pos0, rows));
+    rotate(x, cols, cols, &Rope::new(inv_freq, head_dim, pos0, rows));
 }
 
 /// RoPE's tables for the rows of one pass (positions `pos0..pos0 + rows`), made once on first use
@@ -184,8 +184,9 @@ impl<'a> Rope<'a> {
     }
 }
 
-/// RoPE on every head of the rows of `x` (`cols` wide, one row per position of `rope`).
-pub(crate) fn rotate(x: &mut [f32], cols: usize, rope: &Rope<'_>) {
+/// RoPE on every head in the first `heads` columns of each row of `x` (`cols` wide, one row per
+/// position of `rope`).
+pub(crate) fn rotate(x: &mut [f32], cols: usize, heads: usize, rope: &Rope<'_>) {
     let (hd, half) = (rope.head_dim, rope.head_dim / 2);
     if half == 0 || cols == 0 {
         return;
@@ -195,7 +196,7 @@ pub(crate) fn rotate(x: &mut [f32], cols: usize, rope: &Rope<'_>) {
         for (r, row) in rows.chunks_exact_mut(cols).enumerate() {
             let at = (r0 + r) * half;
             let (cos, sin) = (&cos[at..at + half], &sin[at..at + half]);
-            for head in row.chunks_exact_mut(hd) {
+            for head in row[..heads].chunks_exact_mut(hd) {
                 for i in 0..half {
                     let x1 = head[i];
                     let x2 = head[i + half];
