@@ -408,9 +408,16 @@ unsafe impl Sync for Reservation {}
 const HUGE_PAGE: usize = 2 << 20;
 
 impl Reservation {
-    /// As much address space as this machine has memory.
+    /// As much address space as this machine has memory; none under strict overcommit
+    /// (`vm.overcommit_memory = 2`), where a reservation is counted as committed memory even with
+    /// `MAP_NORESERVE` and would take what later allocations need.
     #[cfg(target_os = "linux")]
     fn new() -> Option<Self> {
+        let strict = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+            .is_ok_and(|mode| mode.trim() == "2");
+        if strict {
+            return None;
+        }
         // SAFETY: sysconf only reads system parameters.
         let (pages, page) = unsafe {
             (
