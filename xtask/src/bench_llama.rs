@@ -13,7 +13,8 @@
 //! The speed ratios come from [`PAIRED_ROUNDS`] interleaved rounds (ours prefill, their pp512, ours
 //! decode, their tg128, one run each), as the median of the rounds' ratios: a shared machine's
 //! speed drifts by tens of percent from one minute to the next, and both sides of a ratio should
-//! see the same minutes. Each side's median of the rounds is printed beside it.
+//! see the same minutes. Each side's median of the rounds is printed beside it (theirs as `pp512`
+//! and `tg128`, with the peak RSS of the `tg128` runs).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -180,30 +181,16 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
         unit: unit.to_string(),
     };
     let t = threads.to_string();
-    let bench = |extra: &[&str]| {
+    // `llama-bench` with `reps` repetitions and these arguments.
+    let bench = |reps: &str, extra: &[&str]| {
         let mut cmd = Command::new(&tools.bench);
         cmd.arg("-m")
             .arg(&gguf)
-            .args(["-t", &t, "-r", "3", "-o", "json"]);
+            .args(["-t", &t, "-r", reps, "-o", "json"]);
         cmd.args(extra);
         cmd
     };
-    let mut figures = Vec::new();
-    let pp = run_bench(&mut bench(&["-p", "512", "-n", "0"]))?;
-    figures.push(fig("pp512", rate(&pp, 512, 0)?, "tok/s"));
-    let (tg, peak) = peak_of(&mut bench(&["-p", "0", "-n", "128"]))?;
-    figures.push(fig("tg128", rate(&tg, 0, 128)?, "tok/s"));
-    if let Some(peak) = peak {
-        figures.push(fig("peak_rss_tg128", peak as f64 / 1e6, "MB"));
-    }
-    figures.extend(paired(root, &|extra: &[&str]| {
-        let mut cmd = Command::new(&tools.bench);
-        cmd.arg("-m")
-            .arg(&gguf)
-            .args(["-t", &t, "-r", "1", "-o", "json"]);
-        cmd.args(extra);
-        cmd
-    })?);
+    let mut figures = paired(root, &|extra: &[&str]| bench("1", extra))?;
     match &tools.rpc_server {
         None => eprintln!("llama.cpp: no RPC server beside llama-bench; the split is not measured"),
         Some(server) => {
@@ -222,9 +209,10 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
             }
             std::thread::sleep(Duration::from_millis(500));
             let rpc = endpoints.join(",");
-            let out = run_bench(&mut bench(&[
-                "-p", "512", "-n", "128", "-ngl", "99", "--rpc", &rpc,
-            ]))?;
+            let out = run_bench(&mut bench(
+                "3",
+                &["-p", "512", "-n", "128", "-ngl", "99", "--rpc", &rpc],
+            ))?;
             figures.push(fig("rpc_2_servers/pp512", rate(&out, 512, 0)?, "tok/s"));
             figures.push(fig("rpc_2_servers/tg128", rate(&out, 0, 128)?, "tok/s"));
         }
@@ -236,8 +224,8 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
 const PAIRED_ROUNDS: usize = 5;
 
 /// [`PAIRED_ROUNDS`] rounds of ours (the release `node`, as the model figures run it) and theirs
-/// (`bench` makes a one-repetition `llama-bench`), alternating; each side's median and the median
-/// of the rounds' ratios.
+/// (`bench` makes a one-repetition `llama-bench`), alternating; each side's median, the median of
+/// the rounds' ratios, and the largest peak RSS of their `tg128` runs.
 fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec<Figure>> {
     use crate::bench_model::{build_release, prompt_of, run_int8, timing};
     build_release()?;
@@ -246,6 +234,7 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
     let short = prompt_of(root, &text, 16)?;
     // (ours, theirs) per round, for prefill and for decode.
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    let mut peak: Option<u64> = None;
     for round in 0..PAIRED_ROUNDS {
         eprintln!("paired round {} of {PAIRED_ROUNDS}", round + 1);
         let j = run_int8(root, &long, 1, "full-window")?;
@@ -255,8 +244,9 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
         prefill.push((ours, rate(&pp, 512, 0)?));
         let j = run_int8(root, &short, 129, "cached")?;
         let ours = timing(&j, "decode_tokens_per_s")?;
-        let tg = run_bench(&mut bench(&["-p", "0", "-n", "128"]))?;
+        let (tg, tg_peak) = peak_of(&mut bench(&["-p", "0", "-n", "128"]))?;
         decode.push((ours, rate(&tg, 0, 128)?));
+        peak = peak.max(tg_peak);
     }
     let fig = |name: &str, value: f64, unit: &str| Figure {
         name: name.to_string(),
@@ -275,7 +265,7 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
             "tok/s",
         ));
         figures.push(fig(
-            &format!("paired/llama.cpp/q8_0/{theirs}_median"),
+            &format!("llama.cpp/smollm2-135m/q8_0/{theirs}"),
             side(|r| r.1),
             "tok/s",
         ));
@@ -283,6 +273,13 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
             &format!("ours_vs_llama.cpp/smollm2-135m/{what}"),
             side(|r| r.0 / r.1),
             "x",
+        ));
+    }
+    if let Some(peak) = peak {
+        figures.push(fig(
+            "llama.cpp/smollm2-135m/q8_0/peak_rss_tg128",
+            peak as f64 / 1e6,
+            "MB",
         ));
     }
     Ok(figures)

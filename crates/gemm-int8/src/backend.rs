@@ -155,6 +155,7 @@ impl Isa {
             Isa::Avx512Vnni => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "x86_64")]
@@ -339,6 +340,7 @@ const ROWS_MAX_T: usize = 8;
 impl CpuBackend {
     /// A product against row-major B (`q`), cell by cell ([`kernels::rows_dot`]); runs of B's rows
     /// shared out over the pool when the product is large (long contexts).
+    #[cfg(target_arch = "x86_64")]
     fn rows(&self, a: &Quantized, q: &Quantized, out: &mut [i32]) {
         let (t, n, k) = (a.rows(), q.rows(), q.k());
         if t == 0 || n == 0 {
@@ -347,9 +349,10 @@ impl CpuBackend {
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let cells = |c0: usize, c1: usize| {
             let out = out_ptr;
-            // SAFETY: `isa` is supported (checked when the backend was made); the shapes were
-            // checked by the caller; every run of columns is handed to one thread only.
-            unsafe { kernels::rows_dot(self.isa, a.q(), t, q.q(), k, (c0, c1), out.0, n) };
+            // SAFETY: the caller checked `rows_available` for `isa`, which this CPU supports with
+            // AVX-512 F, BW and VL (checked when the backend was made); the shapes were checked
+            // by the caller; every run of columns is handed to one thread only.
+            unsafe { kernels::rows_dot(a.q(), t, q.q(), k, (c0, c1), out.0, n) };
         };
         if t * n * k < PARALLEL_MIN_MACS {
             cells(0, n);
@@ -562,7 +565,10 @@ impl Backend for CpuBackend {
         check_shapes(a, b, out)?;
         match b {
             Rhs::Weights(w) => self.run(a, w, out),
-            Rhs::Activation(q) if a.rows() <= ROWS_MAX_T => self.rows(a, q, out),
+            #[cfg(target_arch = "x86_64")]
+            Rhs::Activation(q) if a.rows() <= ROWS_MAX_T && kernels::rows_available(self.isa) => {
+                self.rows(a, q, out)
+            }
             Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out),
         }
         Ok(())

@@ -206,7 +206,7 @@ pub(crate) fn quantize(
             .zip(scales.iter_mut())
             .enumerate()
         {
-            quantize_row(row, out, scale).map_err(|col| Error::NonFinite {
+            *scale = quantize_row(row, out, None).map_err(|col| Error::NonFinite {
                 operand,
                 row: r0 + i,
                 col,
@@ -250,56 +250,62 @@ pub(crate) fn quantize(
     Ok(Quantized { rows, k, q, scales })
 }
 
-/// Quantize one row into `out`, setting `scale`; a non-finite element is refused by its column.
+/// Quantize one row into `out` and return its scale; a non-finite element is refused by its column.
+/// With `known`, the values are finite and `known` is the largest magnitude (its bits) of the row
+/// they belong to — part of a row then quantizes as the whole row does.
 ///
 /// Compiled three times, for baseline x86-64, AVX2 and AVX-512 (only integer ops and single IEEE
 /// operations, so every copy gives the same bits); the widest the CPU runs is chosen at run time.
-fn quantize_row(row: &[f32], out: &mut [MaybeUninit<i8>], scale: &mut f32) -> Result<(), usize> {
+fn quantize_row(
+    row: &[f32],
+    out: &mut [MaybeUninit<i8>],
+    known: Option<u32>,
+) -> Result<f32, usize> {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn wide(
+        row: &[f32],
+        out: &mut [MaybeUninit<i8>],
+        known: Option<u32>,
+    ) -> Result<f32, usize> {
+        quantize_row_impl(row, out, known)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2(
+        row: &[f32],
+        out: &mut [MaybeUninit<i8>],
+        known: Option<u32>,
+    ) -> Result<f32, usize> {
+        quantize_row_impl(row, out, known)
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512bw") {
         // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
-        return unsafe { quantize_row_avx512(row, out, scale) };
+        return unsafe { wide(row, out, known) };
     }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 was detected just above.
-        return unsafe { quantize_row_avx2(row, out, scale) };
+        return unsafe { avx2(row, out, known) };
     }
-    quantize_row_impl(row, out, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn quantize_row_avx512(
-    row: &[f32],
-    out: &mut [MaybeUninit<i8>],
-    scale: &mut f32,
-) -> Result<(), usize> {
-    quantize_row_impl(row, out, scale)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn quantize_row_avx2(
-    row: &[f32],
-    out: &mut [MaybeUninit<i8>],
-    scale: &mut f32,
-) -> Result<(), usize> {
-    quantize_row_impl(row, out, scale)
+    quantize_row_impl(row, out, known)
 }
 
 #[inline(always)]
 fn quantize_row_impl(
     row: &[f32],
     out: &mut [MaybeUninit<i8>],
-    scale: &mut f32,
-) -> Result<(), usize> {
-    let max_bits = magnitude_bits(row);
+    known: Option<u32>,
+) -> Result<f32, usize> {
+    let max_bits = match known {
+        Some(bits) => bits,
+        None => magnitude_bits(row),
+    };
     if max_bits >= f32::INFINITY.to_bits() {
         return Err(row.iter().position(|v| !v.is_finite()).unwrap_or(0));
     }
-    *scale = quantize_with_max(row, out, max_bits);
-    Ok(())
+    Ok(quantize_with_max(row, out, max_bits))
 }
 
 /// The bits of the largest magnitude in `row` (|v| ordered as f32 is |v| ordered as its bits;
@@ -335,31 +341,6 @@ fn quantize_with_max(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) ->
         }
     }
     scale
-}
-
-/// [`quantize_with_max`] in the widest copy this CPU runs (see [`quantize_row`]).
-fn quantize_part(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn wide(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
-        quantize_with_max(row, out, max_bits)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn avx2(row: &[f32], out: &mut [MaybeUninit<i8>], max_bits: u32) -> f32 {
-        quantize_with_max(row, out, max_bits)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512bw") {
-        // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
-        return unsafe { wide(row, out, max_bits) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { avx2(row, out, max_bits) };
-    }
-    quantize_with_max(row, out, max_bits)
 }
 
 /// Rows that grow by columns, kept quantized as they grow: attention's Vᵀ (a row per value channel,
@@ -489,9 +470,9 @@ impl GrowingRows {
             let max = old.max(magnitude_bits(&row[len..]));
             let out = as_uninit(&mut q[r * k..(r + 1) * k]);
             let scale = if max == old {
-                quantize_part(&row[len..], &mut out[len..], max)
+                rescale(&row[len..], &mut out[len..], max)
             } else {
-                quantize_part(row, out, max)
+                rescale(row, out, max)
             };
             self.max_bits[r] = max;
             quantized.scales[r] = scale;
@@ -518,12 +499,21 @@ impl GrowingRows {
             q.copy_within(r * old_len..r * old_len + len, r * len);
             let out = as_uninit(&mut q[r * len..(r + 1) * len]);
             if max != self.max_bits[r] {
-                quantized.scales[r] = quantize_part(row, out, max);
+                quantized.scales[r] = rescale(row, out, max);
                 self.max_bits[r] = max;
             }
         }
         q.truncate(rows * len);
         quantized.k = len;
+    }
+}
+
+/// [`quantize_row`] of finite values against their row's largest magnitude `max` (its bits), which
+/// cannot refuse them.
+fn rescale(row: &[f32], out: &mut [MaybeUninit<i8>], max: u32) -> f32 {
+    match quantize_row(row, out, Some(max)) {
+        Ok(scale) => scale,
+        Err(_) => unreachable!("a row of finite values has a finite largest magnitude"),
     }
 }
 

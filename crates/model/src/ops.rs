@@ -225,29 +225,33 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
-/// `silu(g[i]) · u[i]` for each i, appended to `out` (the bits of [`silu`], vectorized).
 /// The activation of the gated MLP over `t` rows of `gu` (each row its gate, then its up values,
 /// `inter` of each): `silu(gate) · up` per element, rows shared out over the GEMM's threads.
 pub(crate) fn silu_mul_rows(gu: &[f32], inter: usize) -> Vec<f32> {
     let mut act = vec![0f32; gu.len() / 2];
     for_each_rows(&mut act, inter, |r0, rows| {
-        let mut row_out = Vec::with_capacity(inter);
         for (r, out) in rows.chunks_exact_mut(inter).enumerate() {
             let (g, u) = gu[(r0 + r) * 2 * inter..(r0 + r + 1) * 2 * inter].split_at(inter);
-            row_out.clear();
-            silu_mul(g, u, &mut row_out);
-            out.copy_from_slice(&row_out);
+            silu_mul_into(g, u, out);
         }
     });
     act
 }
 
+/// `silu(g[i]) · u[i]` for each i, appended to `out` (the bits of [`silu`], vectorized).
 pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
     let start = out.len();
-    out.extend(g.iter().map(|v| -v));
-    let e = &mut out[start..];
-    exp_slice(e);
-    for ((o, g), u) in e.iter_mut().zip(g).zip(u) {
+    out.resize(start + g.len(), 0.0);
+    silu_mul_into(g, u, &mut out[start..]);
+}
+
+/// [`silu_mul`] into `out` (as long as `g`).
+fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for (o, g) in out.iter_mut().zip(g) {
+        *o = -g;
+    }
+    exp_slice(out);
+    for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
         *o = g / (1.0 + *o) * u;
     }
 }

@@ -11,10 +11,12 @@ mod amx;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
 mod rows;
 mod scalar;
 
-pub(crate) use rows::rows_dot;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use rows::{rows_available, rows_dot};
 
 /// Write `out[r][col] = Σ_{k < kmain} qa[r][k] · qb[col][k]` for every row `r < t` and every column of
 /// panels `[p0, p1)` that is below `n`.
