@@ -32,9 +32,10 @@ pub fn rest() {
 
 /// Ask an idle GEMM worker to bring `w`'s packed values towards the caches while the caller does
 /// other work (attention, between two products of a layer), so that its product reads them from
-/// cache instead of memory. A hint: nothing computed depends on it.
+/// cache instead of memory. Nothing computed depends on it. Weights held in shared bytes (an arena,
+/// a kept shard) are read with loads, the bytes kept alive until read; others get prefetch hints.
 pub fn prefetch(w: &PackedWeights) {
-    pool::prefetch(bytemuck::cast_slice(w.lines()));
+    pool::prefetch(w);
 }
 
 /// Run `f(first_row, rows)` over `x` cut into runs of whole rows (`cols` values each), shared out

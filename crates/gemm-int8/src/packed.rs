@@ -289,6 +289,14 @@ impl PackedWeights {
         self.lines.get()
     }
 
+    /// The shared bytes the lines lie in, where they are not this handle's own.
+    pub(crate) fn lines_owner(&self) -> Option<SharedBytes> {
+        match &self.lines {
+            Held::Owned(_) => None,
+            Held::Shared { bytes, .. } => Some(bytes.clone()),
+        }
+    }
+
     /// Row-major `n × (k mod 4)` leftover values.
     pub(crate) fn tail(&self) -> &[i8] {
         self.tail.get()

@@ -778,3 +778,38 @@ fn weights_moved_into_the_arena_give_the_same_products() {
     }
     assert!(arena.used() > 0);
 }
+
+/// The idle worker reads weights ahead with real loads where they lie in shared bytes: weights (and
+/// the arena that holds them) dropped right after being handed to it stay mapped until it is done,
+/// and products afterwards are unaffected.
+#[test]
+fn weights_read_ahead_may_be_dropped_at_once() {
+    let (t, n, k) = (1, 2048, 1024);
+    let a = matrix(5, t, k);
+    let qa = quantize_rows(&a, t, k).unwrap();
+    let w = matrix(6, n, k);
+    let own = PackedWeights::new(&w, n, k).unwrap();
+    let be = CpuBackend::new();
+    let mut want = vec![0; t * n];
+    reference_i32(&qa, Rhs::Weights(&own), &mut want).unwrap();
+    for round in 0..20 {
+        let Some(mut arena) = daisy_gemm_int8::WeightArena::new() else {
+            // Hosts without an arena keep weights in their own arrays: hints only, nothing to hold.
+            daisy_gemm_int8::prefetch(&own);
+            continue;
+        };
+        let mut moved = PackedWeights::new(&w, n, k).unwrap();
+        arena.take(&mut moved).unwrap();
+        // Products start the pool; then the worker gets two megabytes to read and the bytes go.
+        let mut got = vec![0; t * n];
+        be.gemm_i32(&qa, Rhs::Weights(&moved), &mut got).unwrap();
+        daisy_gemm_int8::prefetch(&moved);
+        drop(moved);
+        drop(arena);
+        if round % 2 == 0 {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        be.gemm_i32(&qa, Rhs::Weights(&own), &mut got).unwrap();
+        assert_eq!(first_diff(&got, &want), None, "round {round}");
+    }
+}
