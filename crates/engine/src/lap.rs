@@ -6,6 +6,8 @@
 //! data channel delivered; [`LocalRing`] calls it for every stage in turn. Both run the same code, so
 //! the conformance suite, `node run --stages` and the ring across processes agree by construction.
 
+use std::ops::Deref;
+
 use daisy_model::{Pass, Stage, StageCache};
 use daisy_ring::{Next, route};
 use daisy_wire::{Activation, Fingerprint, Message, Plan, Positions, decode_for, encode};
@@ -126,10 +128,13 @@ pub fn receive_at_head(
 }
 
 /// One stage of the ring other than the head: its layers, its place in the plan, its KV cache.
-pub struct Member<'a> {
-    plan: &'a Plan,
+/// The plan and the stage are held through any handle (`&Plan` and `&Stage` in one process,
+/// `Arc`s where a member outlives the scope that loaded it and runs on whichever thread a lap
+/// arrives on).
+pub struct Member<P, S> {
+    plan: P,
     index: usize,
-    stage: &'a Stage,
+    stage: S,
     cache: Option<StageCache>,
     /// The turn whose keys `cache` holds, as [`Member::begin`] was told.
     cache_turn: Option<u64>,
@@ -138,10 +143,10 @@ pub struct Member<'a> {
     last: Option<(u64, usize)>,
 }
 
-impl<'a> Member<'a> {
+impl<P: Deref<Target = Plan>, S: Deref<Target = Stage>> Member<P, S> {
     /// `stage` plays stage `index` (not 0) of `plan`; nothing checks that it holds the layers the
     /// plan says (the caller does, and the conformance mutation cases skip it on purpose).
-    pub fn new(plan: &'a Plan, index: usize, stage: &'a Stage) -> Self {
+    pub fn new(plan: P, index: usize, stage: S) -> Self {
         Self {
             plan,
             index,
@@ -179,7 +184,7 @@ impl<'a> Member<'a> {
     /// at a position the cache has passed first drops the keys from there on).
     pub fn step(&mut self, bytes: &[u8], cached: bool) -> Result<Sent> {
         let i = self.index;
-        let act = receive(self.plan, self.stage, Next::Stage(i), bytes)
+        let act = receive(&self.plan, &self.stage, Next::Stage(i), bytes)
             .context(|| format!("stage {i} refused an activation"))?;
         let header = LapHeader {
             turn: act.turn(),
@@ -216,7 +221,7 @@ impl<'a> Member<'a> {
         self.stage
             .forward(&mut data, header.rows, header.pos0, cache)
             .context(|| format!("stage {i}"))?;
-        send(self.plan, self.stage, header, hop + 1, data)
+        send(&self.plan, &self.stage, header, hop + 1, data)
     }
 }
 
@@ -224,7 +229,7 @@ impl<'a> Member<'a> {
 pub struct LocalRing<'a> {
     plan: &'a Plan,
     head: &'a Stage,
-    members: Vec<Member<'a>>,
+    members: Vec<Member<&'a Plan, &'a Stage>>,
     turn: u64,
     pub hops: Vec<Hop>,
 }

@@ -349,8 +349,11 @@ impl Link {
 
     /// Hand every message from now on to `deliver`, on the link's own thread, as it completes
     /// (messages already queued for [`recv`](Self::recv) first); `recv` then returns `None`. For a
-    /// consumer that is a thread of its own: one wake-up per message, none of the runtime's.
-    /// `deliver` must not block; after an `Err` nothing more comes.
+    /// consumer that is a thread of its own: one wake-up per message, none of the runtime's, or for
+    /// one that does its work right here (a member's decode step). While `deliver` runs, this
+    /// link reads nothing (datagrams wait in the socket's buffer) and its timers wait: it must
+    /// not wait on this link, and should return within milliseconds. After an `Err` nothing more
+    /// comes.
     pub(crate) fn forward(&self, deliver: impl FnMut(Result<Vec<u8>, String>) + Send + 'static) {
         let mut deliver: Box<dyn FnMut(Result<Vec<u8>, String>) + Send> = Box::new(deliver);
         let mut core = self.conn.shared.lock();

@@ -10,6 +10,7 @@ use std::io::{BufRead, IsTerminal};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -425,6 +426,9 @@ impl Epoch {
 /// A failure of the compute thread or a link, with the epoch it happened in.
 type Failed = (u64, String);
 
+/// The largest activation the link's thread runs itself (see [`start_epoch`]): one frame.
+const INLINE_MAX_BYTES: usize = 64 << 10;
+
 #[allow(clippy::too_many_arguments)]
 fn start_epoch(
     epoch: u64,
@@ -444,20 +448,45 @@ fn start_epoch(
     let out = rtc::Outbox::new(down.clone(), |e| {
         eprintln!("join: the link to the next stage: {e:#}; waiting for a new plan")
     });
+    let runner = Arc::new(std::sync::Mutex::new(Runner::new(
+        epoch,
+        plan,
+        index,
+        stage,
+        out,
+        hops,
+        fail.clone(),
+        times,
+    )));
+    // Activations the link's thread queued for the compute thread and it has not run yet.
+    let pending = Arc::new(AtomicUsize::new(0));
     let worker = std::thread::Builder::new()
         .name(format!("stage-{index}"))
         .spawn({
-            let fail = fail.clone();
-            move || compute(epoch, plan, index, stage, input_rx, out, hops, fail, times)
+            let (runner, pending) = (runner.clone(), pending.clone());
+            move || compute(runner, pending, input_rx)
         })?;
     {
-        // Activations go from the link's thread straight to the compute thread: one wake-up. A
-        // closed link ends quietly (the head notices the lap that does not come back); a refused
-        // frame ends the member with the refusal.
+        // A decode-sized activation runs on the link's thread the moment it is whole, when nothing
+        // is queued before it: handing it to the compute thread cost a thread wake-up, about 50
+        // µs a hop on this kind of host (the compute thread sleeps on a halted virtual CPU). A
+        // larger one (a prefill chunk) goes to the compute thread, so the link keeps reading
+        // while it runs. A closed link ends quietly (the head notices the lap that does not come
+        // back); a refused frame ends the member with the refusal.
         let input_tx = input_tx.clone();
         up.forward(move |msg| match msg {
             Ok(bytes) => {
-                let _ = input_tx.send(Input::Activation(bytes));
+                if bytes.len() <= INLINE_MAX_BYTES
+                    && pending.load(Ordering::Acquire) == 0
+                    && let Ok(mut runner) = runner.try_lock()
+                {
+                    runner.input(Input::Activation(bytes));
+                    return;
+                }
+                pending.fetch_add(1, Ordering::AcqRel);
+                if input_tx.send(Input::Activation(bytes)).is_err() {
+                    pending.fetch_sub(1, Ordering::AcqRel);
+                }
             }
             Err(e) => {
                 let why = format!("the link from the previous stage: {e}");
@@ -833,72 +862,146 @@ impl StepTimes {
     }
 }
 
-/// The compute thread: every activation waits for its turn's start, then runs through this stage.
-#[allow(clippy::too_many_arguments)]
-fn compute(
+/// A member's stepping state for one epoch, shared by its compute thread and the thread of the link
+/// from the previous stage (see [`start_epoch`]): stepped by activations and begun by turn starts,
+/// one at a time under its lock.
+struct Runner {
     epoch: u64,
-    plan: daisy_wire::Plan,
+    turns: HashMap<u64, bool>,
+    waiting: Vec<Vec<u8>>,
+    stepper: Stepper,
+    fail: mpsc::Sender<Failed>,
+    /// A failure was reported: nothing more runs in this epoch.
+    failed: bool,
+}
+
+/// What one step needs beside the turn bookkeeping.
+struct Stepper {
     index: usize,
-    stage: Arc<Stage>,
-    input: std::sync::mpsc::Receiver<Input>,
+    member: Member<Arc<daisy_wire::Plan>, Arc<Stage>>,
     out: rtc::Outbox,
     hops: mpsc::Sender<HopRecord>,
-    fail: mpsc::Sender<Failed>,
     times: StepTimes,
-) {
-    // Stepped by activations and begun by turn starts, one at a time.
-    let member = std::cell::RefCell::new(Member::new(&plan, index, &stage));
-    let mut turns: HashMap<u64, bool> = HashMap::new();
-    let mut waiting: Vec<Vec<u8>> = Vec::new();
     #[cfg(feature = "test-hooks")]
-    let mut bad = crate::test_hooks::BadFrame::from_env();
-    let mut step = |bytes: &[u8], turn: u64, cached: bool| -> Result<()> {
+    bad: Option<crate::test_hooks::BadFrame>,
+}
+
+impl Stepper {
+    fn step(&mut self, bytes: &[u8], turn: u64, cached: bool) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let sent = member.borrow_mut().step(bytes, cached)?;
-        times.record(turn, index, t0.elapsed());
+        let sent = self.member.step(bytes, cached)?;
+        self.times.record(turn, self.index, t0.elapsed());
         // The lap moves on to the next device: no GEMM here until it comes round again.
         daisy_gemm_int8::rest();
         if let Some(hop) = &sent.hop {
-            let _ = hops.blocking_send(HopRecord {
+            let _ = self.hops.blocking_send(HopRecord {
                 turn,
-                hop: index,
+                hop: self.index,
                 after_layer: hop.after_layer,
                 sha256: daisy_wire::Hash(hop.sha256),
             });
         }
         #[cfg(feature = "test-hooks")]
         let sent = daisy_engine::Sent {
-            bytes: match bad.as_mut() {
+            bytes: match self.bad.as_mut() {
                 Some(b) => b.send(sent.bytes),
                 None => sent.bytes,
             },
             ..sent
         };
         // With the link to the next stage gone, the head replans; nothing to report here.
-        let _ = out.send_blocking(sent.bytes);
+        let _ = self.out.send_blocking(sent.bytes);
         Ok(())
-    };
-    while let Ok(msg) = input.recv() {
+    }
+}
+
+impl Runner {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        epoch: u64,
+        plan: daisy_wire::Plan,
+        index: usize,
+        stage: Arc<Stage>,
+        out: rtc::Outbox,
+        hops: mpsc::Sender<HopRecord>,
+        fail: mpsc::Sender<Failed>,
+        times: StepTimes,
+    ) -> Self {
+        Self {
+            epoch,
+            turns: HashMap::new(),
+            waiting: Vec::new(),
+            stepper: Stepper {
+                index,
+                member: Member::new(Arc::new(plan), index, stage),
+                out,
+                hops,
+                times,
+                #[cfg(feature = "test-hooks")]
+                bad: crate::test_hooks::BadFrame::from_env(),
+            },
+            fail,
+            failed: false,
+        }
+    }
+
+    /// Take one input; a failure is reported once, after which inputs are dropped.
+    fn input(&mut self, msg: Input) {
+        if self.failed {
+            return;
+        }
         let result = match msg {
             Input::Turn(t) => {
-                turns.insert(t.turn, t.cached);
+                self.turns.insert(t.turn, t.cached);
                 // Only the latest turn runs (see `dispatch`): the map stays small.
-                turns.retain(|&turn, _| turn + OLD_TURNS_KEPT > t.turn);
+                self.turns.retain(|&turn, _| turn + OLD_TURNS_KEPT > t.turn);
                 if t.cached
-                    && let Err(e) = member.borrow_mut().begin(t.turn, t.continues)
+                    && let Err(e) = self.stepper.member.begin(t.turn, t.continues)
                 {
-                    let _ = fail.blocking_send((epoch, format!("{e:#}")));
+                    self.failed = true;
+                    let _ = self.fail.blocking_send((self.epoch, format!("{e:#}")));
                     return;
                 }
-                let held = std::mem::take(&mut waiting);
-                held.into_iter()
-                    .try_for_each(|b| dispatch(&b, &turns, &mut waiting, &mut step))
+                let held = std::mem::take(&mut self.waiting);
+                let (turns, waiting, stepper) = (&self.turns, &mut self.waiting, &mut self.stepper);
+                held.into_iter().try_for_each(|b| {
+                    dispatch(&b, turns, waiting, &mut |b, turn, cached| {
+                        stepper.step(b, turn, cached)
+                    })
+                })
             }
-            Input::Activation(bytes) => dispatch(&bytes, &turns, &mut waiting, &mut step),
+            Input::Activation(bytes) => {
+                let (turns, waiting, stepper) = (&self.turns, &mut self.waiting, &mut self.stepper);
+                dispatch(&bytes, turns, waiting, &mut |b, turn, cached| {
+                    stepper.step(b, turn, cached)
+                })
+            }
         };
         if let Err(e) = result {
-            let _ = fail.blocking_send((epoch, format!("stage {index}: {e:#}")));
-            return;
+            self.failed = true;
+            let index = self.stepper.index;
+            let _ = self
+                .fail
+                .blocking_send((self.epoch, format!("stage {index}: {e:#}")));
+        }
+    }
+}
+
+/// The compute thread: inputs the link's thread did not run itself (turn starts, activations
+/// behind others or too large to hold the link for), in order.
+fn compute(
+    runner: Arc<std::sync::Mutex<Runner>>,
+    pending: Arc<AtomicUsize>,
+    input: std::sync::mpsc::Receiver<Input>,
+) {
+    while let Ok(msg) = input.recv() {
+        let activation = matches!(msg, Input::Activation(_));
+        let mut runner = runner.lock().unwrap_or_else(|e| e.into_inner());
+        runner.input(msg);
+        if activation {
+            // Under the lock: the link's thread runs an activation itself only once every one it
+            // queued has run.
+            pending.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
