@@ -7,6 +7,41 @@
 //! few seeded cells against the scalar reference. [`exact_gates`] admits a backend, [`probe`] hashes a
 //! seeded GEMM so devices can be compared, and [`measure_rate`] feeds the planner.
 
+/// A function whose plain body is compiled three times — for baseline x86-64, AVX2 and AVX-512 (F
+/// and BW) — the widest the CPU runs chosen at run time. For bodies of integer operations and single
+/// IEEE operations only, so every copy gives the same bits (Rust never fuses separate operations
+/// into an FMA); the wider copies only let the compiler vectorize them.
+macro_rules! simd_versions {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512bw")]
+            fn wide($($arg: $ty),*) $(-> $ret)? {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2")]
+            fn avx2($($arg: $ty),*) $(-> $ret)? {
+                body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx512bw") {
+                // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
+                return unsafe { wide($($arg),*) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was detected just above.
+                return unsafe { avx2($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+
 mod backend;
 mod kernels;
 mod packed;
@@ -193,36 +228,13 @@ fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
     }
 }
 
-/// One row of [`dequantize_in_place`], with AVX2 and AVX-512 copies chosen at run time (same IEEE
-/// operations, same bits: Rust never fuses separate operations into an FMA).
-fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
-    #[inline(always)]
-    fn body(r: &mut [f32], s: f32, sb: &[f32]) {
+simd_versions! {
+    /// One row of [`dequantize_in_place`].
+    fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
         for (v, &t) in r.iter_mut().zip(sb) {
             *v = dequantize_one(v.to_bits() as i32, s, t);
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn body_avx2(r: &mut [f32], s: f32, sb: &[f32]) {
-        body(r, s, sb)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn body_avx512(r: &mut [f32], s: f32, sb: &[f32]) {
-        body(r, s, sb)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F was detected just above.
-        return unsafe { body_avx512(r, s, sb) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { body_avx2(r, s, sb) };
-    }
-    body(r, s, sb)
 }
 
 /// Element-wise passes (quantize, dequantize) below this size stay on the calling thread.

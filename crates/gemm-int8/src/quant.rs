@@ -250,62 +250,24 @@ pub(crate) fn quantize(
     Ok(Quantized { rows, k, q, scales })
 }
 
-/// Quantize one row into `out` and return its scale; a non-finite element is refused by its column.
-/// With `known`, the values are finite and `known` is the largest magnitude (its bits) of the row
-/// they belong to — part of a row then quantizes as the whole row does.
-///
-/// Compiled three times, for baseline x86-64, AVX2 and AVX-512 (only integer ops and single IEEE
-/// operations, so every copy gives the same bits); the widest the CPU runs is chosen at run time.
-fn quantize_row(
-    row: &[f32],
-    out: &mut [MaybeUninit<i8>],
-    known: Option<u32>,
-) -> Result<f32, usize> {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn wide(
+simd_versions! {
+    /// Quantize one row into `out` and return its scale; a non-finite element is refused by its
+    /// column. With `known`, the values are finite and `known` is the largest magnitude (its bits)
+    /// of the row they belong to — part of a row then quantizes as the whole row does.
+    fn quantize_row(
         row: &[f32],
         out: &mut [MaybeUninit<i8>],
         known: Option<u32>,
     ) -> Result<f32, usize> {
-        quantize_row_impl(row, out, known)
+        let max_bits = match known {
+            Some(bits) => bits,
+            None => magnitude_bits(row),
+        };
+        if max_bits >= f32::INFINITY.to_bits() {
+            return Err(row.iter().position(|v| !v.is_finite()).unwrap_or(0));
+        }
+        Ok(quantize_with_max(row, out, max_bits))
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn avx2(
-        row: &[f32],
-        out: &mut [MaybeUninit<i8>],
-        known: Option<u32>,
-    ) -> Result<f32, usize> {
-        quantize_row_impl(row, out, known)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512bw") {
-        // SAFETY: AVX-512 F and BW were detected just above (BW implies F).
-        return unsafe { wide(row, out, known) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { avx2(row, out, known) };
-    }
-    quantize_row_impl(row, out, known)
-}
-
-#[inline(always)]
-fn quantize_row_impl(
-    row: &[f32],
-    out: &mut [MaybeUninit<i8>],
-    known: Option<u32>,
-) -> Result<f32, usize> {
-    let max_bits = match known {
-        Some(bits) => bits,
-        None => magnitude_bits(row),
-    };
-    if max_bits >= f32::INFINITY.to_bits() {
-        return Err(row.iter().position(|v| !v.is_finite()).unwrap_or(0));
-    }
-    Ok(quantize_with_max(row, out, max_bits))
 }
 
 /// The bits of the largest magnitude in `row` (|v| ordered as f32 is |v| ordered as its bits;

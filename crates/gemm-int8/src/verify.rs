@@ -20,30 +20,17 @@ const AUDIT_BLOCK: usize = 16;
 /// The probe's `(t, k, n)`: K not a multiple of 4, N not a multiple of 16.
 pub const PROBE_SHAPE: (usize, usize, usize) = (5, 1027, 37);
 
-/// `Σ_k qa[k] · qb[k]` in i32, the definition every kernel must equal.
-///
-/// The same plain loop is compiled for baseline x86-64 and for AVX2 (integer sums are exact whatever
-/// the order, so every copy gives the same value); the AVX2 copy is chosen at run time, so the audit
-/// that runs after every live GEMM stays cheap.
-pub fn reference_cell(qa: &[i8], qb: &[i8]) -> i32 {
-    #[inline(always)]
-    fn body(qa: &[i8], qb: &[i8]) -> i32 {
+simd_versions! {
+    /// `Σ_k qa[k] · qb[k]` in i32, the definition every kernel must equal.
+    ///
+    /// A plain loop (integer sums are exact whatever the order, so its vectorized copies give the
+    /// same value), so the audit that runs after every live GEMM stays cheap.
+    pub fn reference_cell(qa: &[i8], qb: &[i8]) -> i32 {
         qa.iter()
             .zip(qb)
             .map(|(&x, &y)| i32::from(x) * i32::from(y))
             .sum()
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn body_avx2(qa: &[i8], qb: &[i8]) -> i32 {
-        body(qa, qb)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 was detected just above.
-        return unsafe { body_avx2(qa, qb) };
-    }
-    body(qa, qb)
 }
 
 /// The scalar reference for a whole GEMM: `out[t][n] = Σ_k qa[t][k] · qb[n][k]`, plain loops over

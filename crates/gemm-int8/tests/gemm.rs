@@ -58,6 +58,30 @@ fn backends() -> Vec<CpuBackend> {
         .collect()
 }
 
+/// `be`'s products with `good` equal `want`, and those with `mutant` (one weight flipped) do not.
+fn equal_and_mutant_differs(
+    be: &CpuBackend,
+    qa: &Quantized,
+    (good, mutant): (&PackedWeights, &PackedWeights),
+    want: &[i32],
+    what: &str,
+) {
+    let mut got = vec![0; want.len()];
+    be.gemm_i32(qa, Rhs::Weights(good), &mut got).unwrap();
+    assert_eq!(
+        first_diff(&got, want),
+        None,
+        "{} {what}: (cell, got, want)",
+        be.name()
+    );
+    be.gemm_i32(qa, Rhs::Weights(mutant), &mut got).unwrap();
+    assert!(
+        first_diff(&got, want).is_some(),
+        "{} {what}: the flipped weight went unseen",
+        be.name()
+    );
+}
+
 fn first_diff(got: &[i32], want: &[i32]) -> Option<(usize, i32, i32)> {
     got.iter()
         .zip(want)
@@ -143,19 +167,12 @@ fn every_work_split_equals_the_reference() {
         let mut want = vec![0; t * n];
         reference_i32(&qa, Rhs::Weights(&packed), &mut want).unwrap();
         for be in backends() {
-            let mut got = vec![0; t * n];
-            be.gemm_i32(&qa, Rhs::Weights(&packed), &mut got).unwrap();
-            assert_eq!(
-                first_diff(&got, &want),
-                None,
-                "{} t={t} k={k} n={n}: (cell, got, want)",
-                be.name()
-            );
-            be.gemm_i32(&qa, Rhs::Weights(&mutant), &mut got).unwrap();
-            assert!(
-                first_diff(&got, &want).is_some(),
-                "{} t={t} k={k} n={n}: the flipped weight went unseen",
-                be.name()
+            equal_and_mutant_differs(
+                &be,
+                &qa,
+                (&packed, &mutant),
+                &want,
+                &format!("t={t} k={k} n={n}"),
             );
         }
     }
@@ -764,16 +781,13 @@ fn weights_moved_into_the_arena_give_the_same_products() {
         for be in backends() {
             let mut want = vec![0; t * n];
             be.gemm_i32(&qa, Rhs::Weights(&own), &mut want).unwrap();
-            let mut got = vec![0; t * n];
-            be.gemm_i32(&qa, Rhs::Weights(&moved), &mut got).unwrap();
-            assert_eq!(
-                first_diff(&got, &want),
-                None,
-                "{} t={t} n={n} k={k}",
-                be.name()
+            equal_and_mutant_differs(
+                &be,
+                &qa,
+                (&moved, &flipped),
+                &want,
+                &format!("t={t} n={n} k={k}"),
             );
-            be.gemm_i32(&qa, Rhs::Weights(&flipped), &mut got).unwrap();
-            assert!(first_diff(&got, &want).is_some(), "{} t={t}", be.name());
         }
     }
     assert!(arena.used() > 0);
