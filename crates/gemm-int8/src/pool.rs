@@ -41,6 +41,8 @@ pub(crate) struct Pool {
     /// length, and what keeps the memory alive), and a count that changes when runs are added.
     ahead: Mutex<Vec<ReadAhead>>,
     ahead_epoch: AtomicU64,
+    /// One per worker: where it is steered when woken (see [`Steer`]).
+    steer: Box<[Steer]>,
 }
 
 static POOL: OnceLock<&'static Pool> = OnceLock::new();
@@ -48,8 +50,12 @@ static POOL: OnceLock<&'static Pool> = OnceLock::new();
 /// The process's pool, started on first use with as many threads as rayon's (so `RAYON_NUM_THREADS`
 /// sizes both).
 pub(crate) fn pool() -> &'static Pool {
-    POOL.get_or_init(|| {
-        let threads = rayon::current_num_threads().max(1);
+    POOL.get_or_init(|| Pool::start(rayon::current_num_threads().max(1)))
+}
+
+impl Pool {
+    /// A pool of `threads` threads, the caller included, that lives as long as the process.
+    fn start(threads: usize) -> &'static Pool {
         let pool: &'static Pool = Box::leak(Box::new(Pool {
             threads,
             busy: AtomicBool::new(false),
@@ -62,18 +68,19 @@ pub(crate) fn pool() -> &'static Pool {
             wake: Condvar::new(),
             ahead: Mutex::new(Vec::new()),
             ahead_epoch: AtomicU64::new(0),
+            steer: (1..threads).map(|_| Steer::default()).collect(),
         }));
         for i in 1..threads {
             let spawned = std::thread::Builder::new()
                 .name(format!("gemm-int8-{i}"))
-                .spawn(move || pool.worker());
+                .spawn(move || pool.worker(&pool.steer[i - 1]));
             if spawned.is_err() {
                 // Fewer workers only means the caller does more of each job.
                 break;
             }
         }
         pool
-    })
+    }
 }
 
 impl Pool {
@@ -103,6 +110,10 @@ impl Pool {
         // parking worker sees the new ticket, or this thread sees it parking and wakes it.
         self.ticket.store(epoch << 32, Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let here = affinity::current_cpu();
+            for s in &self.steer {
+                s.away_from(here);
+            }
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.wake.notify_all();
         }
@@ -129,10 +140,11 @@ impl Pool {
         assert!(!theirs, "a gemm-int8 worker panicked");
     }
 
-    fn worker(&self) {
+    fn worker(&self, steer: &Steer) {
+        steer.start();
         let mut seen = self.ticket.load(Ordering::Acquire) >> 32;
         loop {
-            let mut ticket = self.wait(seen);
+            let mut ticket = self.wait(seen, steer);
             seen = ticket >> 32;
             // Join unless the job has closed meanwhile.
             loop {
@@ -166,7 +178,7 @@ impl Pool {
 
     /// Wait for a ticket of an epoch other than `seen` that is still open: spin (yielding now and
     /// then, so other threads on a busy machine get the core), then park.
-    fn wait(&self, mut seen: u64) -> u64 {
+    fn wait(&self, mut seen: u64, steer: &Steer) -> u64 {
         let mut start = Instant::now();
         let mut spins = 0u32;
         let mut ahead_seen = self.ahead_epoch.load(Ordering::Relaxed);
@@ -194,6 +206,7 @@ impl Pool {
                 std::thread::yield_now();
                 continue;
             }
+            steer.parked.store(true, Ordering::SeqCst);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             while self.ticket.load(Ordering::SeqCst) >> 32 == seen {
@@ -201,6 +214,7 @@ impl Pool {
             }
             drop(guard);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            steer.woken();
             start = Instant::now();
         }
     }
@@ -431,4 +445,207 @@ pub(crate) fn zeroed_rows<T: ZeroBits>(rows: usize, cols: usize, per: usize) -> 
     // SAFETY: every chunk of rows, so every element, was written above.
     unsafe { v.set_len(len) };
     v
+}
+
+/// Where a parked worker may wake. Linux places a woken thread on its waker's CPU, queued behind
+/// it, when the cache domain looks busy on average (its scan for an idle CPU is cut short), and a
+/// ring member's compute keeps it busy: a member's worker, parked while the lap was elsewhere, then
+/// waited behind its own caller for the whole step (1.5-2 ms, a tenth of the steps or more) while
+/// the other core idled. The caller therefore keeps a parked worker off its own CPU for the wake-up
+/// (its affinity without that CPU), and the worker takes back the process's affinity once it runs.
+#[derive(Default)]
+struct Steer {
+    tid: std::sync::atomic::AtomicI32,
+    parked: AtomicBool,
+    /// Its affinity was narrowed for a wake-up.
+    narrowed: AtomicBool,
+    /// The affinity the worker started with.
+    allowed: OnceLock<affinity::CpuSet>,
+}
+
+impl Steer {
+    /// On the worker's thread, before its first job.
+    fn start(&self) {
+        // The thread id first: `allowed` being set is what says the worker can be steered.
+        self.tid.store(affinity::tid(), Ordering::Relaxed);
+        if let Some(set) = affinity::get() {
+            let _ = self.allowed.set(set);
+        }
+    }
+
+    /// On the caller, before waking the workers: keep this worker, if parked, off `cpu`.
+    fn away_from(&self, cpu: Option<usize>) {
+        let (Some(cpu), Some(allowed)) = (cpu, self.allowed.get()) else {
+            return;
+        };
+        let tid = self.tid.load(Ordering::Relaxed);
+        // (0 would name the calling thread.)
+        if tid == 0 || !self.parked.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(narrow) = allowed.without(cpu) {
+            // Marked first: a worker that wakes meanwhile (a spurious wake-up) takes its affinity
+            // back at once, or at its next wake-up if this narrowing lands after that.
+            self.narrowed.store(true, Ordering::Relaxed);
+            affinity::set(tid, &narrow);
+        }
+    }
+
+    /// On the worker's thread, once it runs again.
+    fn woken(&self) {
+        self.parked.store(false, Ordering::SeqCst);
+        if self.narrowed.swap(false, Ordering::Relaxed)
+            && let Some(allowed) = self.allowed.get()
+        {
+            affinity::set(0, allowed);
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod affinity {
+    /// A set of CPUs, as `sched_setaffinity` takes it.
+    pub(super) struct CpuSet(libc::cpu_set_t);
+
+    // SAFETY: a plain bit set.
+    unsafe impl Send for CpuSet {}
+    unsafe impl Sync for CpuSet {}
+
+    impl CpuSet {
+        /// The set without `cpu`; `None` if that leaves it empty or `cpu` is not in it.
+        pub(super) fn without(&self, cpu: usize) -> Option<CpuSet> {
+            let mut set = self.0;
+            // SAFETY (the three blocks): bit operations on a set, `cpu` below its size.
+            if cpu >= libc::CPU_SETSIZE as usize || !unsafe { libc::CPU_ISSET(cpu, &set) } {
+                return None;
+            }
+            unsafe { libc::CPU_CLR(cpu, &mut set) };
+            (unsafe { libc::CPU_COUNT(&set) } > 0).then_some(CpuSet(set))
+        }
+
+        /// Whether `cpu` is in the set.
+        #[cfg(test)]
+        pub(super) fn has(&self, cpu: usize) -> bool {
+            // SAFETY: a bit test, `cpu` below the set's size.
+            cpu < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(cpu, &self.0) }
+        }
+    }
+
+    /// The calling thread's affinity.
+    pub(super) fn get() -> Option<CpuSet> {
+        of(0)
+    }
+
+    /// Thread `tid`'s affinity (0: the calling thread).
+    pub(super) fn of(tid: i32) -> Option<CpuSet> {
+        // SAFETY: a zeroed cpu_set_t is an empty set; the call writes at most its size.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let r = unsafe {
+            libc::sched_getaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+        };
+        (r == 0).then_some(CpuSet(set))
+    }
+
+    /// Set thread `tid`'s affinity (0: the calling thread); whether it took.
+    pub(super) fn set(tid: i32, set: &CpuSet) -> bool {
+        // SAFETY: reads `size_of::<cpu_set_t>()` bytes of `set`.
+        unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set.0) == 0 }
+    }
+
+    pub(super) fn tid() -> i32 {
+        // SAFETY: no preconditions.
+        unsafe { libc::gettid() }
+    }
+
+    /// The CPU the calling thread runs on now.
+    pub(super) fn current_cpu() -> Option<usize> {
+        // SAFETY: no preconditions.
+        usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod affinity {
+    /// Affinity is left to the system here.
+    pub(super) struct CpuSet;
+
+    impl CpuSet {
+        pub(super) fn without(&self, _cpu: usize) -> Option<CpuSet> {
+            None
+        }
+    }
+
+    pub(super) fn get() -> Option<CpuSet> {
+        None
+    }
+
+    pub(super) fn set(_tid: i32, _set: &CpuSet) -> bool {
+        false
+    }
+
+    pub(super) fn tid() -> i32 {
+        0
+    }
+
+    pub(super) fn current_cpu() -> Option<usize> {
+        None
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// Wait up to two seconds for `ready`.
+    fn until(ready: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        while !ready() {
+            if start.elapsed() > Duration::from_secs(2) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        true
+    }
+
+    #[test]
+    fn a_parked_worker_is_woken_off_the_callers_cpu_and_takes_back_its_affinity() {
+        let pool = Pool::start(2);
+        let steer = &pool.steer[0];
+        pool.run(&|_| {});
+        pool.resting.store(true, Ordering::Relaxed);
+        assert!(
+            until(|| steer.parked.load(Ordering::SeqCst)),
+            "the worker never parked"
+        );
+        let allowed = steer.allowed.get().expect("the worker's affinity");
+        let tid = steer.tid.load(Ordering::Relaxed);
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| allowed.has(c))
+            .expect("a CPU");
+        let several = allowed.without(cpu).is_some();
+
+        // The waker keeps the parked worker off its CPU (if the process may run elsewhere).
+        steer.away_from(Some(cpu));
+        let narrowed = affinity::of(tid).expect("the worker's affinity");
+        assert_eq!(
+            narrowed.has(cpu),
+            !several,
+            "CPU {cpu} while the worker is parked"
+        );
+
+        // Woken by a job it joins, it takes back every CPU it had.
+        let joined = AtomicBool::new(false);
+        pool.run(&|side| {
+            if side == Side::Back {
+                joined.store(true, Ordering::Release);
+            } else {
+                until(|| joined.load(Ordering::Acquire));
+            }
+        });
+        assert!(joined.load(Ordering::Acquire), "the worker never joined");
+        let back = affinity::of(tid).expect("the worker's affinity");
+        assert!((0..libc::CPU_SETSIZE as usize).all(|c| back.has(c) == allowed.has(c)));
+        assert!(!steer.narrowed.load(Ordering::Relaxed));
+    }
 }
