@@ -55,9 +55,13 @@ const RECV_QUEUE: usize = 64;
 const LOOPBACK_SCTP_MTU: u32 = 8192;
 /// Bytes one datagram is read into (the largest UDP payload).
 const RECV_BUFFER: usize = 65_536;
-/// The longest a link's thread sleeps in a read before it looks at the core's timers again (a send
-/// from another thread may have armed an earlier one) and at whether the link was closed.
-const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// The longest a link's thread sleeps in a read before it looks at the core's timers again. Other
+/// threads that may arm an earlier timer (applying the peer's answer) or stop the link wake it
+/// at once ([`Shared::poke`]); a send arms only SCTP's retransmission timer, at least a second
+/// out. Every wake-up of an idle link is a thread that takes a core from a stage computing on this
+/// machine (with 20 ms here, a member's compute thread was preempted twice a token; 250 ms
+/// halved that).
+const MAX_SLEEP: Duration = Duration::from_millis(250);
 /// Longest wait for a STUN server's answer while gathering.
 const STUN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest wait from the answer to an open channel.
@@ -142,6 +146,8 @@ impl PendingOffer {
                 .context("applying the peer's answer")?;
             self.conn.shared.flush(&mut core);
         }
+        // ICE's checks are due now; the link's thread may be asleep for `MAX_SLEEP`.
+        self.conn.shared.poke();
         self.conn.opened().await?;
         Ok(Link::start(self.conn))
     }
@@ -466,14 +472,16 @@ impl Conn {
         self.shared.flush(&mut core);
         end(&mut core);
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.poke();
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        // The thread sees the flag within `MAX_SLEEP`; it is not joined here (a drop may run on a
-        // runtime thread, which must not wait).
+        // The thread sees the flag at once; it is not joined here (a drop may run on a runtime
+        // thread, which must not wait).
+        self.shared.poke();
         drop(self.thread.take());
     }
 }
@@ -528,6 +536,13 @@ fn end(core: &mut Core) {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
         self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wake the link's thread from its read: an empty datagram to its own socket, which it takes
+    /// for a wake-up (an empty datagram carries nothing for WebRTC). If it is lost, the thread
+    /// looks again within `MAX_SLEEP`.
+    fn poke(&self) {
+        let _ = self.socket.send_to(&[], self.local);
     }
 
     /// Whether `bytes` more fit in SCTP's buffer; an error once the link cannot send.
@@ -693,6 +708,8 @@ impl Shared {
             let mut core = self.lock();
             let queued_before = outstanding(&mut core);
             match received {
+                // A wake-up (`poke`): the loop looks at the timers and the stop flag.
+                Ok((0, _)) => {}
                 Ok((n, peer_addr)) => {
                     let _ = core.pc.handle_read(TaggedBytesMut {
                         now: Instant::now(),
