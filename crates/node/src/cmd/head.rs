@@ -790,6 +790,40 @@ enum Back {
     Down(String, String),
 }
 
+/// How often the engine, reading the up-link while it waits for a lap, looks at the channel for
+/// news from elsewhere (a member's loss, a failed send), which does not wake its read.
+const PUMP_SLICE: Duration = Duration::from_millis(20);
+
+/// The next thing back within `wait`: the engine's thread reads the link laps come back on itself
+/// while it waits (`reads`: the datagram wakes it, not the link's thread and then it), else waits
+/// on the channel.
+fn next_back(
+    back: &std::sync::mpsc::Receiver<Back>,
+    reads: Option<&mut rtc::Reads<'_>>,
+    wait: Duration,
+) -> Result<Back, std::sync::mpsc::RecvTimeoutError> {
+    use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
+    let Some(reads) = reads else {
+        return back.recv_timeout(wait);
+    };
+    let deadline = Instant::now() + wait;
+    loop {
+        match back.try_recv() {
+            Ok(b) => return Ok(b),
+            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => {}
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RecvTimeoutError::Timeout);
+        }
+        if !reads.pump(left.min(PUMP_SLICE)) {
+            // The link has ended: what follows comes through the channel.
+            return back.recv_timeout(left);
+        }
+    }
+}
+
 /// A completed attempt at a turn: the generation, every hop of its first lap, for each lap whether
 /// it is a decode lap, its milliseconds around the ring and the head's milliseconds before it, its
 /// turn number, and what it continued.
@@ -1388,6 +1422,8 @@ impl Ring<'_> {
         let plan = &self.plan;
         let head = self.head.as_ref().expect("established");
         let (to_ring, back) = (&self.to_ring, &self.back);
+        // The link laps come back on, read by the engine's thread while it waits for one.
+        let up = self.links.get(1).cloned().filter(|_| to_ring.is_some());
         let opened = &self.source.opened;
         let first = self.members.first().map(|m| m.device.clone());
         let last = self.members.last().map(|m| m.device.clone());
@@ -1413,6 +1449,7 @@ impl Ring<'_> {
             // A lap's return, checked; an earlier attempt's laps still on their way are skipped.
             // When the last lap came back: the head computes from then until it sends the next.
             let last_back = std::cell::Cell::new(Instant::now());
+            let mut reads = up.as_ref().map(|l| l.take_reads());
             let mut wait_back = |header: LapHeader,
                                  t: Instant,
                                  head_ms: f64|
@@ -1424,7 +1461,7 @@ impl Ring<'_> {
                     Self::stall_timeout(slowest)
                 };
                 loop {
-                    match back.recv_timeout(wait) {
+                    match next_back(back, reads.as_mut(), wait) {
                         Ok(Back::Lap(bytes)) => {
                             // The last stage sent what comes back: a frame the head refuses is
                             // that member's doing, and the turn replays without it.
