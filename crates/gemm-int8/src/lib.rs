@@ -57,6 +57,14 @@ pub use verify::{
     reference_i32, seeded_matrix, splitmix,
 };
 
+/// Wake the GEMM's parked worker threads now (off the calling thread's CPU), so that they are up
+/// when the next GEMM comes: for a caller that knows one is near but has other work before it — a
+/// ring member whose next activation is arriving and being decrypted. They spin for the next call
+/// as after any GEMM, and park again if none comes.
+pub fn wake() {
+    pool::wake();
+}
+
 /// Let the GEMM's idle worker threads park now rather than spin for the next call (they spin a
 /// few hundred microseconds by default, so that back-to-back GEMMs pay no wake-up). For a caller
 /// whose next GEMM is far off — a ring member whose lap has moved on to the next device — so that

@@ -41,6 +41,8 @@ pub(crate) struct Pool {
     /// length, and what keeps the memory alive), and a count that changes when runs are added.
     ahead: Mutex<Vec<ReadAhead>>,
     ahead_epoch: AtomicU64,
+    /// Bumped by [`wake`]: parked workers get up and wait for a job (spinning, then parked again).
+    kicks: AtomicU64,
     /// One per worker: where it is steered when woken (see [`Steer`]).
     steer: Box<[Steer]>,
 }
@@ -68,6 +70,7 @@ impl Pool {
             wake: Condvar::new(),
             ahead: Mutex::new(Vec::new()),
             ahead_epoch: AtomicU64::new(0),
+            kicks: AtomicU64::new(0),
             steer: (1..threads).map(|_| Steer::default()).collect(),
         }));
         for i in 1..threads {
@@ -208,8 +211,11 @@ impl Pool {
             }
             steer.parked.store(true, Ordering::SeqCst);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
+            let kicks = self.kicks.load(Ordering::SeqCst);
             let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            while self.ticket.load(Ordering::SeqCst) >> 32 == seen {
+            while self.ticket.load(Ordering::SeqCst) >> 32 == seen
+                && self.kicks.load(Ordering::SeqCst) == kicks
+            {
                 guard = self.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
             drop(guard);
@@ -285,6 +291,31 @@ pub(crate) fn prefetch(w: &crate::PackedWeights) {
         keep,
     ));
     pool.ahead_epoch.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Wake parked workers (off the calling thread's CPU) so that they are up when the next job comes:
+/// for a caller that knows its next GEMM is near but has other work first.
+pub(crate) fn wake() {
+    if let Some(pool) = POOL.get() {
+        pool.kick();
+    }
+}
+
+impl Pool {
+    /// [`wake`] for this pool.
+    fn kick(&self) {
+        self.resting.store(false, Ordering::Relaxed);
+        // SeqCst pairs with a parking worker's `sleepers` increment and `kicks` load, as in `run`.
+        self.kicks.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let here = affinity::current_cpu();
+            for s in &self.steer {
+                s.away_from(here);
+            }
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.wake.notify_all();
+        }
+    }
 }
 
 /// Let the pool's idle workers park at once instead of spinning for the next job (which wakes them):
@@ -461,6 +492,8 @@ struct Steer {
     narrowed: AtomicBool,
     /// The affinity the worker started with.
     allowed: OnceLock<affinity::CpuSet>,
+    /// Times it got up from parking.
+    wakes: AtomicU64,
 }
 
 impl Steer {
@@ -493,6 +526,7 @@ impl Steer {
 
     /// On the worker's thread, once it runs again.
     fn woken(&self) {
+        self.wakes.fetch_add(1, Ordering::Relaxed);
         self.parked.store(false, Ordering::SeqCst);
         if self.narrowed.swap(false, Ordering::Relaxed)
             && let Some(allowed) = self.allowed.get()
@@ -647,5 +681,28 @@ mod tests {
         let back = affinity::of(tid).expect("the worker's affinity");
         assert!((0..libc::CPU_SETSIZE as usize).all(|c| back.has(c) == allowed.has(c)));
         assert!(!steer.narrowed.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn a_kick_gets_a_parked_worker_up_before_any_job() {
+        let pool = Pool::start(2);
+        let steer = &pool.steer[0];
+        pool.run(&|_| {});
+        pool.resting.store(true, Ordering::Relaxed);
+        assert!(
+            until(|| steer.parked.load(Ordering::SeqCst)),
+            "the worker never parked"
+        );
+        let wakes = steer.wakes.load(Ordering::Relaxed);
+        pool.kick();
+        assert!(
+            until(|| steer.wakes.load(Ordering::Relaxed) > wakes),
+            "the worker stayed parked"
+        );
+        // With nothing to do it parks again.
+        assert!(
+            until(|| steer.parked.load(Ordering::SeqCst)),
+            "the worker never parked again"
+        );
     }
 }

@@ -474,6 +474,8 @@ fn start_epoch(
         // while it runs. A closed link ends quietly (the head notices the lap that does not come
         // back); a refused frame ends the member with the refusal.
         let input_tx = input_tx.clone();
+        // The GEMM workers, parked since the last step, get up while the activation is decrypted.
+        up.on_arrival(daisy_gemm_int8::wake);
         up.forward(move |msg| match msg {
             Ok(bytes) => {
                 if bytes.len() <= INLINE_MAX_BYTES
