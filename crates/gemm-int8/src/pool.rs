@@ -112,14 +112,7 @@ impl Pool {
         // SeqCst pairs with the SeqCst `sleepers` increment and ticket load in `wait`: either a
         // parking worker sees the new ticket, or this thread sees it parking and wakes it.
         self.ticket.store(epoch << 32, Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let here = affinity::current_cpu();
-            for s in &self.steer {
-                s.away_from(here);
-            }
-            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.wake.notify_all();
-        }
+        self.wake_parked();
         let mine = catch_unwind(AssertUnwindSafe(|| f(Side::Front)));
         // No worker may join from now on; wait for those inside to leave, after which nothing
         // refers to `job` or `f` any more.
@@ -307,6 +300,12 @@ impl Pool {
         self.resting.store(false, Ordering::Relaxed);
         // SeqCst pairs with a parking worker's `sleepers` increment and `kicks` load, as in `run`.
         self.kicks.fetch_add(1, Ordering::SeqCst);
+        self.wake_parked();
+    }
+
+    /// Wake the workers that are parked, each kept off this thread's CPU ([`Steer`]). After a
+    /// SeqCst store that a parking worker checks (a ticket, a kick).
+    fn wake_parked(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let here = affinity::current_cpu();
             for s in &self.steer {
@@ -642,16 +641,23 @@ mod tests {
         true
     }
 
-    #[test]
-    fn a_parked_worker_is_woken_off_the_callers_cpu_and_takes_back_its_affinity() {
+    /// A pool of two threads whose worker has run a job and parked.
+    fn parked_pool() -> &'static Pool {
         let pool = Pool::start(2);
-        let steer = &pool.steer[0];
         pool.run(&|_| {});
         pool.resting.store(true, Ordering::Relaxed);
+        let steer = &pool.steer[0];
         assert!(
             until(|| steer.parked.load(Ordering::SeqCst)),
             "the worker never parked"
         );
+        pool
+    }
+
+    #[test]
+    fn a_parked_worker_is_woken_off_the_callers_cpu_and_takes_back_its_affinity() {
+        let pool = parked_pool();
+        let steer = &pool.steer[0];
         let allowed = steer.allowed.get().expect("the worker's affinity");
         let tid = steer.tid.load(Ordering::Relaxed);
         let cpu = (0..libc::CPU_SETSIZE as usize)
@@ -685,14 +691,8 @@ mod tests {
 
     #[test]
     fn a_kick_gets_a_parked_worker_up_before_any_job() {
-        let pool = Pool::start(2);
+        let pool = parked_pool();
         let steer = &pool.steer[0];
-        pool.run(&|_| {});
-        pool.resting.store(true, Ordering::Relaxed);
-        assert!(
-            until(|| steer.parked.load(Ordering::SeqCst)),
-            "the worker never parked"
-        );
         let wakes = steer.wakes.load(Ordering::Relaxed);
         pool.kick();
         assert!(
