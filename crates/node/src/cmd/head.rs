@@ -1541,12 +1541,15 @@ impl Ring<'_> {
                 }
                 // The lap is the ring's until it comes back: no GEMM here meanwhile.
                 daisy_gemm_int8::rest();
+                // The lap's clock starts before the send: the first member, woken by it, may
+                // take this thread's core before `sendto` returns, and its step is the lap's.
+                let left = Instant::now();
                 if to_ring.send_blocking(sent.bytes).is_err() {
                     let device = first.clone().unwrap_or_default();
                     *culprit.borrow_mut() = Some((device, "the link to it closed".into()));
                     return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
                 }
-                outstanding.push_back((header, Instant::now(), head_ms));
+                outstanding.push_back((header, left, head_ms));
                 if !pass.wanted {
                     // A prefill chunk run for the stages' KV: the next one may leave now.
                     return Ok(Vec::new());
