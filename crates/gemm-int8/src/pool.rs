@@ -84,9 +84,7 @@ impl Pool {
         }
         pool
     }
-}
 
-impl Pool {
     /// Threads a job may run on, the caller included.
     pub(crate) fn threads(&self) -> usize {
         self.threads

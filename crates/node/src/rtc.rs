@@ -55,16 +55,14 @@ const RECV_QUEUE: usize = 64;
 const LOOPBACK_SCTP_MTU: u32 = 8192;
 /// Bytes one datagram is read into (the largest UDP payload).
 const RECV_BUFFER: usize = 65_536;
-/// The longest a link's thread sleeps in a read before it looks at the core's timers again. Other
-/// threads that may arm an earlier timer (applying the peer's answer) or stop the link wake it
-/// at once ([`Shared::poke`]); a send arms only SCTP's retransmission timer, at least a second
-/// out. Every wake-up of an idle link is a thread that takes a core from a stage computing on this
-/// machine (with 20 ms here, a member's compute thread was preempted twice a token; 250 ms
-/// halved that).
+/// The longest a link's thread sleeps in a read before it looks at the core's timers again, and
+/// how often it looks while a consumer has taken its reads (keepalives to answer during a long
+/// step). Other threads that may arm an earlier timer (applying the peer's answer) or stop the
+/// link wake it at once ([`Shared::poke`]); a send arms only SCTP's retransmission timer, at least
+/// a second out. Every wake-up of an idle link is a thread that takes a core from a stage
+/// computing on this machine (with 20 ms here, a member's compute thread was preempted twice a
+/// token; 250 ms halved that).
 const MAX_SLEEP: Duration = Duration::from_millis(250);
-/// How often a link's thread whose reads a consumer took looks at the timers and at datagrams
-/// that arrived while the consumer was not reading (keepalives to answer during a long step).
-const TAKEN_PASS: Duration = Duration::from_millis(250);
 /// The smallest datagram that runs a link's arrival hook ([`Link::on_arrival`]): larger than an
 /// acknowledgement or a keepalive (under 200 bytes), so in practice one carrying data.
 const ARRIVAL_MIN: usize = 256;
@@ -385,7 +383,7 @@ impl Link {
     /// waits for a message ([`Reads::pump`]): the datagram then wakes the thread that consumes
     /// it, not the link's thread, which would wake the consumer in turn (one thread wake-up fewer
     /// a message; for the head, 25-150 µs a lap). Meanwhile the link's thread keeps the timers
-    /// and reads what arrives while the consumer is busy, every [`TAKEN_PASS`]. Messages go to the
+    /// and reads what arrives while the consumer is busy, every [`MAX_SLEEP`]. Messages go to the
     /// sink as before ([`forward`](Self::forward)'s, on whichever thread read them).
     pub(crate) fn take_reads(&self) -> Reads<'_> {
         let shared = &*self.conn.shared;
@@ -755,10 +753,6 @@ impl Shared {
                 },
             };
             let refused = next.is_err();
-            // Counted as handed on (a message held for a full queue is counted when it goes).
-            if !matches!(&core.sink, Sink::Held(kept) if kept.len() >= RECV_QUEUE) {
-                self.delivered.fetch_add(1, Ordering::Relaxed);
-            }
             match &mut core.sink {
                 Sink::Closed => {}
                 Sink::Held(kept) if kept.len() >= RECV_QUEUE => {
@@ -770,13 +764,14 @@ impl Shared {
                 Sink::Queue(tx) => match tx.try_send(next) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(m)) => {
-                        self.delivered.fetch_sub(1, Ordering::Relaxed);
                         core.held = Some(m);
                         return;
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => end(core),
                 },
             }
+            // Handed on (a message kept for a full queue returned above, and counts when it goes).
+            self.delivered.fetch_add(1, Ordering::Relaxed);
             if refused {
                 end(core);
             }
@@ -785,7 +780,7 @@ impl Shared {
 
     /// The link's thread: read the socket, feed the core, until the link is closed or the
     /// connection ends. While a consumer has taken the reads it waits, and now and then (every
-    /// [`TAKEN_PASS`]) looks at the timers and at what arrived while the consumer was busy.
+    /// [`MAX_SLEEP`]) looks at the timers and at what arrived while the consumer was busy.
     fn drive(self: Arc<Self>) {
         let mut buf = vec![0u8; RECV_BUFFER];
         loop {
@@ -793,7 +788,7 @@ impl Shared {
                 {
                     let guard = self.handed.0.lock().unwrap_or_else(|p| p.into_inner());
                     if self.taken.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
-                        let _ = self.handed.1.wait_timeout(guard, TAKEN_PASS);
+                        let _ = self.handed.1.wait_timeout(guard, MAX_SLEEP);
                     }
                 }
                 if self.taken.load(Ordering::Acquire) {
