@@ -12,8 +12,8 @@ use serde_json::Value;
 use crate::bench::Figure;
 use crate::bench_model::{MODEL, TEXT, node, node_and_stderr, prompt_of, run_int8, timing};
 
-/// Pairs of a single-process run and a ring run for the decode figures.
-const PAIRS: usize = 7;
+/// Rounds of the decode figures, each one process, the ring twice, one process again.
+const ROUNDS: usize = 7;
 
 /// `node demo` on three processes with `new_tokens` generated, end-of-sequence ignored.
 fn ring(root: &Path, prompt: &str, new_tokens: usize, in_flight: usize) -> anyhow::Result<Value> {
@@ -96,46 +96,53 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     };
     let mut figures = Vec::new();
 
-    // Decode: the same prompt and length in one process and around the ring, in `PAIRS` pairs run
-    // back to back (which side goes first alternates). This machine's speed drifts by 10-20 % from
-    // one minute to the next, both sides alike, so the ratio is taken within each pair and the
-    // figure is the median of those; the tok/s figures are each side's best.
+    // Decode: the same prompt and length in one process and around the ring, in `ROUNDS` rounds of
+    // four runs back to back: one process, the ring, the ring, one process. This machine's speed
+    // drifts by 10-20 % from one minute to the next, both sides alike, and a run's place moves it
+    // too (a ring run right after another ran 5 % faster than one right after a single process,
+    // and a single process after two ring runs up to 15 % faster than one before them); so the
+    // ratio is taken within each round, (ring + ring) ÷ (one + one), where a drift and what each
+    // place does fall on both sides alike, and the figure is the median of the rounds. The tok/s
+    // figures are each side's best.
     let prompt = prompt_of(&root, &text, 16)?;
     let mut single = 0f64;
     let mut single_rss = f64::INFINITY;
     let mut ringed = 0f64;
-    let mut ratios = Vec::with_capacity(PAIRS);
+    let mut ratios = Vec::with_capacity(ROUNDS);
     let mut best: Option<Value> = None;
     let mut peaks: Peaks = Vec::new();
-    for pair in 0..PAIRS {
+    for _ in 0..ROUNDS {
         let one = || -> anyhow::Result<(f64, f64)> {
             let j = run_int8(&root, &prompt, 129, "cached")?;
             let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
             Ok((timing(&j, "decode_tokens_per_s")?, rss))
         };
         let ringed_run = || ring_and_peaks(&root, &prompt, 129, 2);
-        let ((pair_single, rss), (r, p)) = if pair % 2 == 0 {
-            (one()?, ringed_run()?)
-        } else {
-            let r = ringed_run()?;
-            (one()?, r)
-        };
-        single = single.max(pair_single);
-        single_rss = single_rss.min(rss);
-        let tps = timing(&r, "decode_tokens_per_s")?;
-        ratios.push(tps / pair_single);
-        if tps > ringed {
-            ringed = tps;
-            best = Some(r);
-        }
-        // The smallest of the runs, per process (as for the single process).
-        if peaks.is_empty() {
-            peaks = p;
-        } else {
-            for ((_, a), (_, b)) in peaks.iter_mut().zip(p) {
-                *a = a.min(b);
+        let first = one()?;
+        let rings = [ringed_run()?, ringed_run()?];
+        let last = one()?;
+        let mut round_ring = 0f64;
+        for (r, p) in rings {
+            let tps = timing(&r, "decode_tokens_per_s")?;
+            round_ring += tps;
+            if tps > ringed {
+                ringed = tps;
+                best = Some(r);
+            }
+            // The smallest of the runs, per process (as for the single process).
+            if peaks.is_empty() {
+                peaks = p;
+            } else {
+                for ((_, a), (_, b)) in peaks.iter_mut().zip(p) {
+                    *a = a.min(b);
+                }
             }
         }
+        for (tps, rss) in [first, last] {
+            single = single.max(tps);
+            single_rss = single_rss.min(rss);
+        }
+        ratios.push(round_ring / (first.0 + last.0));
     }
     let best = best.context("no ring run")?;
     let sum: f64 = peaks.iter().map(|p| p.1).sum();
@@ -169,7 +176,7 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     figures.push(fig("decode_cached_3_processes", ringed, "tok/s"));
     ratios.sort_by(f64::total_cmp);
     eprintln!(
-        "bench: ring ÷ single process, decode, per pair (sorted): {}",
+        "bench: ring ÷ single process, decode, per round (sorted): {}",
         ratios
             .iter()
             .map(|r| format!("{r:.3}"))
