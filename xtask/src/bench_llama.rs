@@ -10,11 +10,13 @@
 //! ours), the peak RSS of a `tg128` run, and the same model split over two RPC servers on loopback
 //! (`-ngl 99 --rpc`, the two-machine split llama.cpp offers) — then ours over theirs.
 //!
-//! The speed ratios come from [`PAIRED_ROUNDS`] interleaved rounds (ours prefill, their pp512, ours
-//! decode, their tg128, one run each), as the median of the rounds' ratios: a shared machine's
-//! speed drifts by tens of percent from one minute to the next, and both sides of a ratio should
-//! see the same minutes. Each side's median of the rounds is printed beside it (theirs as `pp512`
-//! and `tg128`, with the peak RSS of the `tg128` runs).
+//! The speed ratios come from [`PAIRED_ROUNDS`] interleaved rounds, each of eight runs: ours
+//! prefill, their pp512 twice, ours prefill; ours decode, their tg128 twice, ours decode. A round's
+//! ratio is ours summed over theirs summed, and a figure the median of the rounds' ratios: a shared
+//! machine's speed drifts by tens of percent from one minute to the next, both sides of a ratio
+//! should see the same minutes, and with each side first and last in turn a steady drift across
+//! the round weighs on both alike. Each side's median of the rounds' means is printed beside it
+//! (theirs as `pp512` and `tg128`, with the peak RSS of the `tg128` runs).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -224,8 +226,9 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
 const PAIRED_ROUNDS: usize = 5;
 
 /// [`PAIRED_ROUNDS`] rounds of ours (the release `node`, as the model figures run it) and theirs
-/// (`bench` makes a one-repetition `llama-bench`), alternating; each side's median, the median of
-/// the rounds' ratios, and the largest peak RSS of their `tg128` runs.
+/// (`bench` makes a one-repetition `llama-bench`), ours, theirs, theirs, ours; each side's median of
+/// the rounds' means, the median of the rounds' ratios, and the largest peak RSS of their `tg128`
+/// runs.
 fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec<Figure>> {
     use crate::bench_model::{build_release, prompt_of, run_int8, timing};
     build_release()?;
@@ -235,18 +238,35 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
     // (ours, theirs) per round, for prefill and for decode.
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut peak: Option<u64> = None;
-    for round in 0..PAIRED_ROUNDS {
-        eprintln!("paired round {} of {PAIRED_ROUNDS}", round + 1);
+    let our_prefill = || -> anyhow::Result<f64> {
         let j = run_int8(root, &long, 1, "full-window")?;
         let tokens = j["prompt_ids"].as_array().map_or(0, Vec::len) as f64;
-        let ours = tokens / timing(&j, "prefill_s")?;
-        let pp = run_bench(&mut bench(&["-p", "512", "-n", "0"]))?;
-        prefill.push((ours, rate(&pp, 512, 0)?));
-        let j = run_int8(root, &short, 129, "cached")?;
-        let ours = timing(&j, "decode_tokens_per_s")?;
-        let (tg, tg_peak) = peak_of(&mut bench(&["-p", "0", "-n", "128"]))?;
-        decode.push((ours, rate(&tg, 0, 128)?));
-        peak = peak.max(tg_peak);
+        Ok(tokens / timing(&j, "prefill_s")?)
+    };
+    let our_decode = || -> anyhow::Result<f64> {
+        timing(
+            &run_int8(root, &short, 129, "cached")?,
+            "decode_tokens_per_s",
+        )
+    };
+    for round in 0..PAIRED_ROUNDS {
+        eprintln!("paired round {} of {PAIRED_ROUNDS}", round + 1);
+        let first = our_prefill()?;
+        let mut theirs = 0.0;
+        for _ in 0..2 {
+            theirs += rate(&run_bench(&mut bench(&["-p", "512", "-n", "0"]))?, 512, 0)?;
+        }
+        let ours = first + our_prefill()?;
+        prefill.push((ours / 2.0, theirs / 2.0));
+        let first = our_decode()?;
+        let mut theirs = 0.0;
+        for _ in 0..2 {
+            let (tg, tg_peak) = peak_of(&mut bench(&["-p", "0", "-n", "128"]))?;
+            theirs += rate(&tg, 0, 128)?;
+            peak = peak.max(tg_peak);
+        }
+        let ours = first + our_decode()?;
+        decode.push((ours / 2.0, theirs / 2.0));
     }
     let fig = |name: &str, value: f64, unit: &str| Figure {
         name: name.to_string(),
