@@ -489,7 +489,8 @@ struct Steer {
     narrowed: AtomicBool,
     /// The affinity the worker started with.
     allowed: OnceLock<affinity::CpuSet>,
-    /// Times it got up from parking.
+    /// Times it got up from parking (for the tests).
+    #[cfg(test)]
     wakes: AtomicU64,
 }
 
@@ -523,6 +524,7 @@ impl Steer {
 
     /// On the worker's thread, once it runs again.
     fn woken(&self) {
+        #[cfg(test)]
         self.wakes.fetch_add(1, Ordering::Relaxed);
         self.parked.store(false, Ordering::SeqCst);
         if self.narrowed.swap(false, Ordering::Relaxed)

@@ -1209,6 +1209,7 @@ impl Ring<'_> {
                 });
             }
             self.to_ring = Some(to_ring);
+            // `up_link` names the second.
             self.links = vec![down, up];
         }
         eprintln!(
@@ -1349,6 +1350,11 @@ impl Ring<'_> {
             .map(|m| m.device.clone())
     }
 
+    /// The link laps come back on, from the last stage (the second of `links`).
+    fn up_link(&self) -> Option<&Arc<Link>> {
+        self.links.get(1)
+    }
+
     /// The one-way latency of a hop on these links: half the heartbeat round trip, `n` per member.
     async fn measure_hops(&mut self, n: usize) -> Result<LapStats> {
         let mut ms = Vec::new();
@@ -1423,7 +1429,7 @@ impl Ring<'_> {
         let head = self.head.as_ref().expect("established");
         let (to_ring, back) = (&self.to_ring, &self.back);
         // The link laps come back on, read by the engine's thread while it waits for one.
-        let up = self.links.get(1).cloned().filter(|_| to_ring.is_some());
+        let up = self.up_link().cloned().filter(|_| to_ring.is_some());
         let opened = &self.source.opened;
         let first = self.members.first().map(|m| m.device.clone());
         let last = self.members.last().map(|m| m.device.clone());
@@ -1614,7 +1620,7 @@ impl Ring<'_> {
                 }
                 // A message the last member began on the return link and never finished.
                 if stalled
-                    && let (Some(link), Some(m)) = (self.links.get(1), self.members.last())
+                    && let (Some(link), Some(m)) = (self.up_link(), self.members.last())
                     && link.partial() > 0
                 {
                     return Err(Failure::member(
