@@ -1,5 +1,5 @@
-//! `cargo xtask bench [--format text|json] [--compare-llama-cpp DIR [--llama-gguf FILE]] [FILTER]`:
-//! run every bench source (criterion benches of a package) and print its figures, one
+//! `cargo xtask bench [--format text|json] [--model DIR] [--compare-llama-cpp DIR [--llama-gguf
+//! FILE]] [FILTER]`: run every bench source (criterion benches of a package) and print its figures, one
 //! `{"name","value","unit"}` JSON object per line with `--format json`, an aligned table otherwise.
 //! Cargo's and criterion's own output goes to stderr. With `--compare-llama-cpp`, a llama.cpp that
 //! the user built runs on the same weights in the same run, and ours over theirs is printed
@@ -57,6 +57,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
     let mut filter = None;
     let mut llama: Option<super::bench_llama::Llama> = None;
     let mut gguf = None;
+    let mut model = super::bench_model::BenchModel::fixture();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -76,11 +77,18 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             },
             "--llama-gguf" => match it.next() {
                 Some(file) => gguf = Some(PathBuf::from(file)),
-                None => bail!("--llama-gguf takes a Q8_0 GGUF file of the SmolLM2 fixture"),
+                None => bail!("--llama-gguf takes a Q8_0 GGUF file of the benched model"),
+            },
+            "--model" => match it.next() {
+                Some(dir) => model = super::bench_model::BenchModel::given(dir)?,
+                None => bail!(
+                    "--model takes the folder of a Hugging Face model (config.json, its \
+                     .safetensors, tokenizer.json) for the model, ring and llama.cpp figures"
+                ),
             },
             flag if flag.starts_with('-') => bail!(
                 "unknown flag `{flag}`; usage: cargo xtask bench [--format text|json] \
-                 [--compare-llama-cpp DIR [--llama-gguf FILE]] [FILTER]"
+                 [--model DIR] [--compare-llama-cpp DIR [--llama-gguf FILE]] [FILTER]"
             ),
             pattern if filter.is_none() => filter = Some(pattern.to_string()),
             extra => bail!("unexpected argument `{extra}`; only one FILTER is taken"),
@@ -105,19 +113,19 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         .as_deref()
         .is_none_or(|f| "model".contains(f) || f.contains("model"))
     {
-        figures.extend(super::bench_model::figures()?);
+        figures.extend(super::bench_model::figures(&model)?);
     }
     if filter
         .as_deref()
         .is_none_or(|f| "ring".contains(f) || f.contains("ring"))
     {
         // The ring's figures need the release node (a no-op when the model figures built it).
-        super::bench_model::build_release()?;
-        figures.extend(super::bench_ring::figures()?);
+        super::bench_model::build_release(&model)?;
+        figures.extend(super::bench_ring::figures(&model)?);
     }
     if let Some(l) = &llama {
-        figures.extend(super::bench_llama::figures(&super::root(), l)?);
-        let ratios = super::bench_llama::ratios(&figures);
+        figures.extend(super::bench_llama::figures(&super::root(), &model, l)?);
+        let ratios = super::bench_llama::ratios(&figures, &model.slug);
         figures.extend(ratios);
     }
     if json {

@@ -3,8 +3,9 @@
 //! `llama-bench` (and `llama-quantize`, `convert_hf_to_gguf.py`, and for the split an RPC server)
 //! are looked for in DIR, DIR/bin and DIR/build/bin, the script in DIR or above its binaries.
 //!
-//! The Q8_0 GGUF is made by llama.cpp's own converter (to f32) and quantizer from the SmolLM2
-//! fixture's safetensors, once, under `target/bench-llama/` (`--llama-gguf FILE` takes one made
+//! The Q8_0 GGUF is made by llama.cpp's own converter (to f32) and quantizer from the benched
+//! model's safetensors (the SmolLM2 fixture, or `--model DIR`), once, under `target/bench-llama/`,
+//! named by the model (`--llama-gguf FILE` takes one made
 //! elsewhere; the converter runs with `$PYTHON`, default `python3`, which needs its
 //! requirements). Figures: `pp512` and `tg128` (`llama-bench -t` = this machine's threads, as
 //! ours), the peak RSS of a `tg128` run, and the same model split over two RPC servers on loopback
@@ -27,7 +28,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use crate::bench::Figure;
-use crate::bench_model::MODEL;
+use crate::bench_model::BenchModel;
 
 /// What `--compare-llama-cpp` was given.
 pub(crate) struct Llama {
@@ -69,8 +70,13 @@ fn find_tools(dir: &Path) -> anyhow::Result<Tools> {
     })
 }
 
-/// The Q8_0 GGUF of the fixture: given, or made (once) by llama.cpp's converter and quantizer.
-fn q8_gguf(root: &Path, tools: &Tools, given: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// The Q8_0 GGUF of `model`: given, or made (once) by llama.cpp's converter and quantizer.
+fn q8_gguf(
+    root: &Path,
+    model: &BenchModel,
+    tools: &Tools,
+    given: Option<&Path>,
+) -> anyhow::Result<PathBuf> {
     if let Some(g) = given {
         if !g.is_file() {
             bail!("--llama-gguf {}: no such file", g.display());
@@ -78,29 +84,29 @@ fn q8_gguf(root: &Path, tools: &Tools, given: Option<&Path>) -> anyhow::Result<P
         return Ok(g.to_path_buf());
     }
     let dir = crate::target_dir()?.join("bench-llama");
-    let q8 = dir.join("SmolLM2-135M-Instruct-Q8_0.gguf");
+    let q8 = dir.join(format!("{}-Q8_0.gguf", model.slug));
     if q8.is_file() {
         return Ok(q8);
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let convert = tools.convert.as_ref().context(
-        "no convert_hf_to_gguf.py above llama-bench: pass --llama-gguf with a Q8_0 GGUF of the fixture",
+        "no convert_hf_to_gguf.py above llama-bench: pass --llama-gguf with a Q8_0 GGUF of the model",
     )?;
     let quantize = tools
         .quantize
         .as_ref()
         .context("no llama-quantize beside llama-bench: build it, or pass --llama-gguf")?;
-    let f32 = dir.join("SmolLM2-135M-Instruct-f32.gguf");
+    let f32 = dir.join(format!("{}-f32.gguf", model.slug));
     let python = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
     run_quiet(
         Command::new(&python)
             .arg(convert)
-            .arg(root.join(MODEL))
+            .arg(model.path(root))
             .args(["--outtype", "f32", "--outfile"])
             .arg(&f32),
         "llama.cpp's convert_hf_to_gguf.py (it needs its Python requirements: torch, numpy, …)",
     )?;
-    let partial = dir.join("SmolLM2-135M-Instruct-Q8_0.gguf.partial");
+    let partial = dir.join(format!("{}-Q8_0.gguf.partial", model.slug));
     run_quiet(
         Command::new(quantize).arg(&f32).arg(&partial).arg("Q8_0"),
         "llama-quantize",
@@ -173,12 +179,16 @@ impl Drop for Servers {
     }
 }
 
-pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>> {
+pub(crate) fn figures(
+    root: &Path,
+    model: &BenchModel,
+    llama: &Llama,
+) -> anyhow::Result<Vec<Figure>> {
     let tools = find_tools(&llama.dir)?;
-    let gguf = q8_gguf(root, &tools, llama.gguf.as_deref())?;
+    let gguf = q8_gguf(root, model, &tools, llama.gguf.as_deref())?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let fig = |name: &str, value: f64, unit: &str| Figure {
-        name: format!("llama.cpp/smollm2-135m/q8_0/{name}"),
+        name: format!("llama.cpp/{}/q8_0/{name}", model.slug),
         value,
         unit: unit.to_string(),
     };
@@ -192,7 +202,7 @@ pub(crate) fn figures(root: &Path, llama: &Llama) -> anyhow::Result<Vec<Figure>>
         cmd.args(extra);
         cmd
     };
-    let mut figures = paired(root, &|extra: &[&str]| bench("1", extra))?;
+    let mut figures = paired(root, model, &|extra: &[&str]| bench("1", extra))?;
     match &tools.rpc_server {
         None => eprintln!("llama.cpp: no RPC server beside llama-bench; the split is not measured"),
         Some(server) => {
@@ -229,23 +239,28 @@ const PAIRED_ROUNDS: usize = 5;
 /// (`bench` makes a one-repetition `llama-bench`), ours, theirs, theirs, ours; each side's median of
 /// the rounds' means, the median of the rounds' ratios, and the largest peak RSS of their `tg128`
 /// runs.
-fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec<Figure>> {
+fn paired(
+    root: &Path,
+    model: &BenchModel,
+    bench: &dyn Fn(&[&str]) -> Command,
+) -> anyhow::Result<Vec<Figure>> {
     use crate::bench_model::{build_release, prompt_of, run_int8, timing};
-    build_release()?;
+    build_release(model)?;
     let text = std::fs::read_to_string(root.join(crate::bench_model::TEXT))?;
-    let long = prompt_of(root, &text, 512)?;
-    let short = prompt_of(root, &text, 16)?;
+    let long = prompt_of(root, model, &text, 512)?;
+    let short = prompt_of(root, model, &text, 16)?;
+    let slug = &model.slug;
     // (ours, theirs) per round, for prefill and for decode.
     let (mut prefill, mut decode) = (Vec::new(), Vec::new());
     let mut peak: Option<u64> = None;
     let our_prefill = || -> anyhow::Result<f64> {
-        let j = run_int8(root, &long, 1, "full-window")?;
+        let j = run_int8(root, model, &long, 1, "full-window")?;
         let tokens = j["prompt_ids"].as_array().map_or(0, Vec::len) as f64;
         Ok(tokens / timing(&j, "prefill_s")?)
     };
     let our_decode = || -> anyhow::Result<f64> {
         timing(
-            &run_int8(root, &short, 129, "cached")?,
+            &run_int8(root, model, &short, 129, "cached")?,
             "decode_tokens_per_s",
         )
     };
@@ -280,24 +295,24 @@ fn paired(root: &Path, bench: &dyn Fn(&[&str]) -> Command) -> anyhow::Result<Vec
     ] {
         let side = |f: fn(&(f64, f64)) -> f64| median(rounds.iter().map(f).collect());
         figures.push(fig(
-            &format!("paired/smollm2-135m/int8/{ours}_median"),
+            &format!("paired/{slug}/int8/{ours}_median"),
             side(|r| r.0),
             "tok/s",
         ));
         figures.push(fig(
-            &format!("llama.cpp/smollm2-135m/q8_0/{theirs}"),
+            &format!("llama.cpp/{slug}/q8_0/{theirs}"),
             side(|r| r.1),
             "tok/s",
         ));
         figures.push(fig(
-            &format!("ours_vs_llama.cpp/smollm2-135m/{what}"),
+            &format!("ours_vs_llama.cpp/{slug}/{what}"),
             side(|r| r.0 / r.1),
             "x",
         ));
     }
     if let Some(peak) = peak {
         figures.push(fig(
-            "llama.cpp/smollm2-135m/q8_0/peak_rss_tg128",
+            &format!("llama.cpp/{slug}/q8_0/peak_rss_tg128"),
             peak as f64 / 1e6,
             "MB",
         ));
@@ -356,27 +371,27 @@ fn peak_of(cmd: &mut Command) -> anyhow::Result<(String, Option<u64>)> {
     Ok((run_bench(cmd)?, None))
 }
 
-/// Ours over theirs, for the figures both runs produced.
-pub(crate) fn ratios(figures: &[Figure]) -> Vec<Figure> {
+/// Ours over theirs, for the figures both runs produced on the model named `slug`.
+pub(crate) fn ratios(figures: &[Figure], slug: &str) -> Vec<Figure> {
     let get = |name: &str| figures.iter().find(|f| f.name == name).map(|f| f.value);
     // The speed ratios come from the paired rounds (see `paired`).
     let pairs = [
         (
             "peak_rss_vs_tg128_peak_rss",
-            "model/smollm2-135m/int8/peak_rss",
-            "llama.cpp/smollm2-135m/q8_0/peak_rss_tg128",
+            format!("model/{slug}/int8/peak_rss"),
+            format!("llama.cpp/{slug}/q8_0/peak_rss_tg128"),
         ),
         (
             "ring_3_processes_decode_vs_rpc_2_servers_tg128",
-            "ring/smollm2-135m/int8/decode_cached_3_processes",
-            "llama.cpp/smollm2-135m/q8_0/rpc_2_servers/tg128",
+            format!("ring/{slug}/int8/decode_cached_3_processes"),
+            format!("llama.cpp/{slug}/q8_0/rpc_2_servers/tg128"),
         ),
     ];
     pairs
         .iter()
         .filter_map(|(name, ours, theirs)| {
             Some(Figure {
-                name: format!("ours_vs_llama.cpp/smollm2-135m/{name}"),
+                name: format!("ours_vs_llama.cpp/{slug}/{name}"),
                 value: get(ours)? / get(theirs)?,
                 unit: "x".into(),
             })
@@ -411,7 +426,7 @@ mod tests {
             f("llama.cpp/smollm2-135m/q8_0/peak_rss_tg128", 200.0),
             f("ring/smollm2-135m/int8/decode_cached_3_processes", 100.0),
         ];
-        let r = ratios(&figures);
+        let r = ratios(&figures, "smollm2-135m");
         assert_eq!(r.len(), 1, "the RPC split is missing, so only the RSS pair");
         assert_eq!(
             r[0].name,

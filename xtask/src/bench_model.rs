@@ -1,12 +1,12 @@
-//! The model figures of `cargo xtask bench`: SmolLM2-135M-Instruct through the released `node`
-//! binary, one stage, at each int8 precision (`int8`, the default, and `int8x2`) — prefill tok/s at
+//! The model figures of `cargo xtask bench`: SmolLM2-135M-Instruct (or the model of `--model DIR`)
+//! through the released `node` binary, one stage, at each int8 precision (`int8`, the default, and `int8x2`) — prefill tok/s at
 //! 64 and 512 prompt tokens (full window), decode tok/s on the cached path, peak RSS ÷ parameters of
 //! the whole model in one process — and beside them the quality of each: on the essay (the golden's
 //! ids), top-1 agreement with `transformers`' f32 argmax and how far the perplexity lies above
-//! f32's. int8x2's speeds also appear as a fraction of int8's, so the price of its accuracy is
-//! printed with it.
+//! f32's (the fixture only: the quality figures need its golden). int8x2's speeds also appear as a
+//! fraction of int8's, so the price of its accuracy is printed with it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
@@ -20,19 +20,86 @@ pub(crate) const TEXT: &str = "fixtures/text/essay.txt";
 /// The golden of SmolLM2 (its essay ids and `transformers`' f32 argmax and perplexity).
 const GOLDEN: &str = "fixtures/goldens/SmolLM2-135M-Instruct.json";
 
-/// `node run` on SmolLM2 in int8 with `new_tokens` generated (end-of-sequence ignored) on `path`.
+/// The model the model, ring and llama.cpp figures run on: the SmolLM2 fixture, or `--model DIR`.
+#[derive(Clone, Debug)]
+pub(crate) struct BenchModel {
+    /// Its folder as `node --model` takes it (relative to the repository root, or absolute).
+    pub(crate) dir: String,
+    /// Its name in figure names and in the names of files made for it (`smollm2-135m`).
+    pub(crate) slug: String,
+    /// Its golden (the essay's ids, `transformers`' f32 argmax and perplexity), for the quality
+    /// figures: the fixture's.
+    golden: Option<&'static str>,
+}
+
+impl BenchModel {
+    /// The SmolLM2-135M-Instruct fixture (`cargo xtask fixtures`).
+    pub(crate) fn fixture() -> Self {
+        Self {
+            dir: MODEL.to_string(),
+            slug: "smollm2-135m".to_string(),
+            golden: Some(GOLDEN),
+        }
+    }
+
+    /// `--model DIR`: a local folder of a Hugging Face model (`config.json`, its safetensors, its
+    /// tokenizer), named in the figures by its folder's name.
+    pub(crate) fn given(dir: &str) -> anyhow::Result<Self> {
+        let path =
+            std::fs::canonicalize(dir).with_context(|| format!("--model {dir}: no such folder"))?;
+        if !path.join("config.json").is_file() {
+            bail!(
+                "--model {dir}: no config.json there; give the folder of a Hugging Face model \
+                 (config.json, its .safetensors, tokenizer.json)"
+            );
+        }
+        Ok(Self {
+            slug: slug_of(&path),
+            dir: path.to_string_lossy().into_owned(),
+            golden: None,
+        })
+    }
+
+    /// Whether this is the fixture (which `build_release` fetches when it is missing).
+    fn is_fixture(&self) -> bool {
+        self.golden.is_some()
+    }
+
+    /// Its folder as a path from the repository root.
+    pub(crate) fn path(&self, root: &Path) -> PathBuf {
+        root.join(&self.dir)
+    }
+}
+
+/// A folder's name for figure names: lower case, anything but letters, digits, `.`, `_` and `-`
+/// made `-`.
+fn slug_of(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().to_lowercase());
+    name.chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '-',
+        })
+        .collect()
+}
+
+/// `node run` on `model` in int8 with `new_tokens` generated (end-of-sequence ignored) on `path`.
 pub(crate) fn run_int8(
     root: &Path,
+    model: &BenchModel,
     prompt: &str,
     new_tokens: usize,
     path: &str,
 ) -> anyhow::Result<Value> {
-    run_at(root, "int8", prompt, new_tokens, path)
+    run_at(root, model, "int8", prompt, new_tokens, path)
 }
 
 /// [`run_int8`] at `precision`.
 fn run_at(
     root: &Path,
+    model: &BenchModel,
     precision: &str,
     prompt: &str,
     new_tokens: usize,
@@ -44,7 +111,7 @@ fn run_at(
         &[
             "run",
             "--model",
-            MODEL,
+            &model.dir,
             "--prompt",
             prompt,
             "--max-new-tokens",
@@ -85,13 +152,19 @@ pub(crate) fn node_and_stderr(root: &Path, args: &[&str]) -> anyhow::Result<(Val
     Ok((json, String::from_utf8_lossy(&out.stderr).into_owned()))
 }
 
-/// The longest prefix of the essay (cut at a char boundary) that encodes to at most `n` tokens.
-pub(crate) fn prompt_of(root: &Path, text: &str, n: usize) -> anyhow::Result<String> {
+/// The longest prefix of the essay (cut at a char boundary) that `model` encodes to at most `n`
+/// tokens.
+pub(crate) fn prompt_of(
+    root: &Path,
+    model: &BenchModel,
+    text: &str,
+    n: usize,
+) -> anyhow::Result<String> {
     let count = |s: &str| -> anyhow::Result<usize> {
         let j = node(
             root,
             &[
-                "tokenize", "--model", MODEL, "--text", s, "--format", "json",
+                "tokenize", "--model", &model.dir, "--text", s, "--format", "json",
             ],
         )?;
         Ok(j["ids"].as_array().context("tokenize ids")?.len())
@@ -117,10 +190,10 @@ pub(crate) fn timing(j: &Value, key: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("timings.{key} missing"))
 }
 
-/// The fixtures, and `node` in release.
-pub(crate) fn build_release() -> anyhow::Result<()> {
+/// The fixtures (when `model` is the fixture), and `node` in release.
+pub(crate) fn build_release(model: &BenchModel) -> anyhow::Result<()> {
     let root = crate::root();
-    if !root.join(MODEL).join("model.safetensors").is_file() {
+    if model.is_fixture() && !root.join(MODEL).join("model.safetensors").is_file() {
         crate::fixtures::run(&[])?;
     }
     eprintln!("$ cargo build --release --package node");
@@ -136,9 +209,9 @@ pub(crate) fn build_release() -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
+pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
     let root = crate::root();
-    build_release()?;
+    build_release(model)?;
     let text =
         std::fs::read_to_string(root.join(TEXT)).with_context(|| format!("reading {TEXT}"))?;
     let mut figures = Vec::new();
@@ -147,29 +220,18 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         value,
         unit: unit.to_string(),
     };
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join(GOLDEN)).with_context(|| format!("reading {GOLDEN}"))?,
-    )
-    .with_context(|| format!("parsing {GOLDEN}"))?;
-    let ids_file = crate::target_dir()?.join("bench-essay-ids.json");
-    std::fs::write(&ids_file, golden["text"]["ids"].to_string())
-        .with_context(|| format!("writing {}", ids_file.display()))?;
-    let f32_argmax = golden["text"]["f32_argmax"]
-        .as_array()
-        .context("the golden's text.f32_argmax")?;
-    let f32_ppl = golden["text"]["f32_perplexity"]
-        .as_f64()
-        .context("the golden's text.f32_perplexity")?;
+    let quality = model.golden.map(|g| golden(&root, g)).transpose()?;
+    let slug = &model.slug;
     let mut params = 0.0;
     let mut speeds: Vec<(String, f64)> = Vec::new();
     for precision in ["int8", "int8x2"] {
-        let name = |what: &str| format!("model/smollm2-135m/{precision}/{what}");
+        let name = |what: &str| format!("model/{slug}/{precision}/{what}");
         for n in [64usize, 512] {
-            let prompt = prompt_of(&root, &text, n)?;
+            let prompt = prompt_of(&root, model, &text, n)?;
             let mut best = 0f64;
             let mut tokens = 0;
             for _ in 0..3 {
-                let j = run_at(&root, precision, &prompt, 1, "full-window")?;
+                let j = run_at(&root, model, precision, &prompt, 1, "full-window")?;
                 tokens = j["prompt_ids"].as_array().map_or(0, Vec::len);
                 best = best.max(tokens as f64 / timing(&j, "prefill_s")?);
             }
@@ -177,8 +239,8 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
             speeds.push((format!("prefill_{n}"), best));
             figures.push(fig(&name(&format!("prefill_{n}")), best, "tok/s"));
         }
-        let prompt = prompt_of(&root, &text, 16)?;
-        let j = run_at(&root, precision, &prompt, 129, "cached")?;
+        let prompt = prompt_of(&root, model, &text, 16)?;
+        let j = run_at(&root, model, precision, &prompt, 129, "cached")?;
         let decode = timing(&j, "decode_tokens_per_s")?;
         speeds.push(("decode_cached_1_stage".to_string(), decode));
         figures.push(fig(&name("decode_cached_1_stage"), decode, "tok/s"));
@@ -201,13 +263,16 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
             rss / params,
             "bytes/param",
         ));
+        let Some((ids_file, f32_argmax, f32_ppl)) = &quality else {
+            continue;
+        };
         let ids = ids_file.to_string_lossy();
         let scored = node(
             &root,
             &[
                 "score",
                 "--model",
-                MODEL,
+                &model.dir,
                 "--ids-file",
                 &ids,
                 "--precision",
@@ -245,11 +310,30 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     let half = speeds.len() / 2;
     for ((what, base), (_, two)) in speeds[..half].iter().zip(&speeds[half..]) {
         figures.push(fig(
-            &format!("model/smollm2-135m/int8x2/{what}_vs_int8"),
+            &format!("model/{slug}/int8x2/{what}_vs_int8"),
             two / base,
             "x",
         ));
     }
-    figures.push(fig("model/smollm2-135m/params", params / 1e6, "M"));
+    figures.push(fig(&format!("model/{slug}/params"), params / 1e6, "M"));
     Ok(figures)
+}
+
+/// The golden's essay ids (written to a file for `node score`), f32 argmax and perplexity.
+fn golden(root: &Path, file: &str) -> anyhow::Result<(PathBuf, Vec<Value>, f64)> {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join(file)).with_context(|| format!("reading {file}"))?,
+    )
+    .with_context(|| format!("parsing {file}"))?;
+    let ids_file = crate::target_dir()?.join("bench-essay-ids.json");
+    std::fs::write(&ids_file, golden["text"]["ids"].to_string())
+        .with_context(|| format!("writing {}", ids_file.display()))?;
+    let f32_argmax = golden["text"]["f32_argmax"]
+        .as_array()
+        .context("the golden's text.f32_argmax")?
+        .clone();
+    let f32_ppl = golden["text"]["f32_perplexity"]
+        .as_f64()
+        .context("the golden's text.f32_perplexity")?;
+    Ok((ids_file, f32_argmax, f32_ppl))
 }

@@ -1,6 +1,6 @@
-//! The ring figures of `cargo xtask bench`, in the same run as the single process: SmolLM2 int8 on a
-//! ring of three processes on loopback (`node demo --stages 10,10,10`, real WebRTC) against one
-//! process (`node run`) — decode tok/s and the ratio, the decode lap and the one-way hop latency
+//! The ring figures of `cargo xtask bench`, in the same run as the single process: SmolLM2 (or the
+//! model of `--model DIR`) int8 on a ring of three processes on loopback (`node demo --stages
+//! 10,10,10`, its layers in thirds, real WebRTC) against one process (`node run`) — decode tok/s and the ratio, the decode lap and the one-way hop latency
 //! p50/p99, and the prefill of a 512-token prompt with two chunks in flight around the ring against
 //! one at a time.
 
@@ -10,14 +10,31 @@ use anyhow::Context;
 use serde_json::Value;
 
 use crate::bench::Figure;
-use crate::bench_model::{MODEL, TEXT, node, node_and_stderr, prompt_of, run_int8, timing};
+use crate::bench_model::{BenchModel, TEXT, node, node_and_stderr, prompt_of, run_int8, timing};
 
 /// Rounds of the decode figures, each one process, the ring twice, one process again.
 const ROUNDS: usize = 7;
 
+/// Where `node demo` runs the model: three processes, each a stage of `stages` layers.
+struct Ring<'a> {
+    model: &'a BenchModel,
+    stages: String,
+}
+
 /// `node demo` on three processes with `new_tokens` generated, end-of-sequence ignored.
-fn ring(root: &Path, prompt: &str, new_tokens: usize, in_flight: usize) -> anyhow::Result<Value> {
-    Ok(ring_and_peaks(root, prompt, new_tokens, in_flight)?.0)
+fn ring(
+    root: &Path,
+    at: &Ring<'_>,
+    prompt: &str,
+    new_tokens: usize,
+    in_flight: usize,
+) -> anyhow::Result<Value> {
+    Ok(ring_and_peaks(root, at, prompt, new_tokens, in_flight)?.0)
+}
+
+/// `layers` in three stages, as even as they go, the larger first (30: 10,10,10; 28: 10,9,9).
+fn thirds(layers: usize) -> [usize; 3] {
+    [0, 1, 2].map(|i| layers / 3 + usize::from(i < layers % 3))
 }
 
 /// Each process's peak RSS in bytes as `node demo` reported it: head, stage-1, stage-2.
@@ -26,6 +43,7 @@ type Peaks = Vec<(String, f64)>;
 /// [`ring`], and the peak RSS of each of its processes.
 fn ring_and_peaks(
     root: &Path,
+    at: &Ring<'_>,
     prompt: &str,
     new_tokens: usize,
     in_flight: usize,
@@ -36,9 +54,9 @@ fn ring_and_peaks(
         &[
             "demo",
             "--model",
-            MODEL,
+            &at.model.dir,
             "--stages",
-            "10,10,10",
+            &at.stages,
             "--prompt",
             prompt,
             "--max-new-tokens",
@@ -85,16 +103,33 @@ fn stat(j: &Value, key: &str, q: &str) -> anyhow::Result<f64> {
 }
 
 /// Assumes `bench_model::figures` built the release node and the fixtures.
-pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
+pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
     let root = crate::root();
     let text =
         std::fs::read_to_string(root.join(TEXT)).with_context(|| format!("reading {TEXT}"))?;
     let fig = |name: &str, value: f64, unit: &str| Figure {
-        name: format!("ring/smollm2-135m/int8/{name}"),
+        name: format!("ring/{}/int8/{name}", model.slug),
         value,
         unit: unit.to_string(),
     };
     let mut figures = Vec::new();
+    let inspect = node(
+        &root,
+        &["inspect", "--model", &model.dir, "--format", "json"],
+    )?;
+    let layers = inspect["layers"].as_array().context("inspect's layers")?;
+    if layers.len() < 3 {
+        anyhow::bail!(
+            "{} has {} layers; a ring of three stages needs 3 at least",
+            model.dir,
+            layers.len()
+        );
+    }
+    let split = thirds(layers.len());
+    let at = Ring {
+        model,
+        stages: split.map(|s| s.to_string()).join(","),
+    };
 
     // Decode: the same prompt and length in one process and around the ring, in `ROUNDS` rounds of
     // four runs back to back: one process, the ring, the ring, one process. This machine's speed
@@ -104,7 +139,7 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     // ratio is taken within each round, (ring + ring) ÷ (one + one), where a drift and what each
     // place does fall on both sides alike, and the figure is the median of the rounds. The tok/s
     // figures are each side's best.
-    let prompt = prompt_of(&root, &text, 16)?;
+    let prompt = prompt_of(&root, model, &text, 16)?;
     let mut single = 0f64;
     let mut single_rss = f64::INFINITY;
     let mut ringed = 0f64;
@@ -113,11 +148,11 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     let mut peaks: Peaks = Vec::new();
     for _ in 0..ROUNDS {
         let one = || -> anyhow::Result<(f64, f64)> {
-            let j = run_int8(&root, &prompt, 129, "cached")?;
+            let j = run_int8(&root, model, &prompt, 129, "cached")?;
             let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
             Ok((timing(&j, "decode_tokens_per_s")?, rss))
         };
-        let ringed_run = || ring_and_peaks(&root, &prompt, 129, 2);
+        let ringed_run = || ring_and_peaks(&root, &at, &prompt, 129, 2);
         let first = one()?;
         let rings = [ringed_run()?, ringed_run()?];
         let last = one()?;
@@ -156,13 +191,11 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         (sum - single_rss) / 1e6,
         "MB",
     ));
-    // The middle stage (layers 10..20) against its weights: one int8 byte per parameter.
-    let inspect = node(&root, &["inspect", "--model", MODEL, "--format", "json"])?;
-    let middle: f64 = inspect["layers"]
-        .as_array()
-        .context("inspect's layers")?
+    // The middle stage (layers 10..20 of 30) against its weights: one int8 byte per parameter.
+    let mid = split[0] as u64..(split[0] + split[1]) as u64;
+    let middle: f64 = layers
         .iter()
-        .filter(|l| l["layer"].as_u64().is_some_and(|i| (10..20).contains(&i)))
+        .filter(|l| l["layer"].as_u64().is_some_and(|i| mid.contains(&i)))
         .filter_map(|l| l["parameters"].as_f64())
         .sum();
     if let Some((_, stage1)) = peaks.iter().find(|p| p.0 == "stage-1") {
@@ -220,11 +253,11 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
     figures.push(fig("hop_p99", stat(&best, "hop_ms", "p99_ms")?, "ms"));
 
     // Prefill of a 512-token prompt: two chunks in flight against one, best of 2 each.
-    let prompt = prompt_of(&root, &text, 512)?;
+    let prompt = prompt_of(&root, model, &text, 512)?;
     let mut rates = [0f64; 2];
     for _ in 0..2 {
         for (i, k) in [1usize, 2].into_iter().enumerate() {
-            let r = ring(&root, &prompt, 1, k)?;
+            let r = ring(&root, &at, &prompt, 1, k)?;
             rates[i] = rates[i].max(timing(&r, "prefill_tokens_per_s")?);
         }
     }
@@ -236,4 +269,19 @@ pub(crate) fn figures() -> anyhow::Result<Vec<Figure>> {
         "x",
     ));
     Ok(figures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_go_in_thirds_the_larger_first() {
+        assert_eq!(thirds(30), [10, 10, 10]);
+        assert_eq!(thirds(28), [10, 9, 9]);
+        assert_eq!(thirds(29), [10, 10, 9]);
+        assert_eq!(thirds(24), [8, 8, 8]);
+        assert_eq!(thirds(3), [1, 1, 1]);
+        assert_eq!(thirds(30).iter().sum::<usize>(), 30);
+    }
 }

@@ -2,7 +2,9 @@
 //!
 //! - `fixtures`: build `target/fixtures/` (cached; a second run does no work)
 //! - `conformance`: replay real model splits and the mutation cases that must fail
-//! - `bench [--format json]`: the benchmarks, one JSON object per line with `--format json`
+//! - `bench [--format json] [--model DIR] [--compare-llama-cpp DIR] [FILTER]`: the benchmarks, one
+//!   JSON object per line with `--format json`; `--model` runs the model, ring and llama.cpp figures
+//!   on a local Hugging Face model instead of the SmolLM2 fixture
 //! - `demo`: the main job — SmolLM2 on a ring of three processes answers a question, verified
 //! - `tidy`: the dependency invariants of `ARCHITECTURE.md`, one line per violation
 //! - `ci`: everything CI runs, ending with one line `N passed, M failed`; green here means green in CI
@@ -47,8 +49,7 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
-const USAGE: &str =
-    "usage: cargo xtask <fixtures|conformance|bench [--format json]|demo [PROMPT]|tidy|ci>";
+const USAGE: &str = "usage: cargo xtask <fixtures|conformance|bench [--format json] [--model DIR] [--compare-llama-cpp DIR] [FILTER]|demo [PROMPT]|tidy|ci>";
 
 fn run(args: &[String]) -> anyhow::Result<()> {
     let Some(task) = args.first() else {
