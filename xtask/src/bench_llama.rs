@@ -5,7 +5,7 @@
 //!
 //! The Q8_0 GGUF is made by llama.cpp's own converter (to f32) and quantizer from the benched
 //! model's safetensors (the SmolLM2 fixture, or `--model DIR`), once, under `target/bench-llama/`,
-//! named by the model (`--llama-gguf FILE` takes one made
+//! named by the model's folder (`--llama-gguf FILE` takes one made
 //! elsewhere; the converter runs with `$PYTHON`, default `python3`, which needs its
 //! requirements). Figures: `pp512` and `tg128` (`llama-bench -t` = this machine's threads, as
 //! ours), the peak RSS of a `tg128` run, and the same model split over two RPC servers on loopback
@@ -84,7 +84,8 @@ fn q8_gguf(
         return Ok(g.to_path_buf());
     }
     let dir = crate::target_dir()?.join("bench-llama");
-    let q8 = dir.join(format!("{}-Q8_0.gguf", model.slug));
+    let stem = model.folder_name();
+    let q8 = dir.join(format!("{stem}-Q8_0.gguf"));
     if q8.is_file() {
         return Ok(q8);
     }
@@ -96,7 +97,7 @@ fn q8_gguf(
         .quantize
         .as_ref()
         .context("no llama-quantize beside llama-bench: build it, or pass --llama-gguf")?;
-    let f32 = dir.join(format!("{}-f32.gguf", model.slug));
+    let f32 = dir.join(format!("{stem}-f32.gguf"));
     let python = std::env::var_os("PYTHON").unwrap_or_else(|| "python3".into());
     run_quiet(
         Command::new(&python)
@@ -106,7 +107,7 @@ fn q8_gguf(
             .arg(&f32),
         "llama.cpp's convert_hf_to_gguf.py (it needs its Python requirements: torch, numpy, …)",
     )?;
-    let partial = dir.join(format!("{}-Q8_0.gguf.partial", model.slug));
+    let partial = dir.join(format!("{stem}-Q8_0.gguf.partial"));
     run_quiet(
         Command::new(quantize).arg(&f32).arg(&partial).arg("Q8_0"),
         "llama-quantize",

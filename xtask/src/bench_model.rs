@@ -65,6 +65,13 @@ impl BenchModel {
         self.golden.is_some()
     }
 
+    /// Its folder's name as it is (`SmolLM2-135M-Instruct`).
+    pub(crate) fn folder_name(&self) -> String {
+        Path::new(&self.dir)
+            .file_name()
+            .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
+    }
+
     /// Its folder as a path from the repository root.
     pub(crate) fn path(&self, root: &Path) -> PathBuf {
         root.join(&self.dir)
