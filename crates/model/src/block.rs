@@ -53,16 +53,22 @@ fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// Called on each product's weights as soon as they are made, before the next are read (the
+/// stage moves them into its arena there, so a layer's earlier products are not held twice while
+/// its later ones load).
+pub(crate) type Made<'a> = &'a mut dyn FnMut(&mut Linear) -> Result<()>;
+
 impl Block {
     pub(crate) fn load(
         src: &dyn Source,
         cfg: &ModelConfig,
         i: usize,
         precision: Precision,
+        made: Made<'_>,
     ) -> Result<Self> {
         match cfg.arch {
-            Arch::Llama => LlamaBlock::load(src, cfg, i, precision).map(Block::Llama),
-            Arch::Gpt2 => Gpt2Block::load(src, cfg, i, precision).map(Block::Gpt2),
+            Arch::Llama => LlamaBlock::load(src, cfg, i, precision, made).map(Block::Llama),
+            Arch::Gpt2 => Gpt2Block::load(src, cfg, i, precision, made).map(Block::Gpt2),
         }
     }
 
@@ -71,13 +77,6 @@ impl Block {
         match self {
             Block::Llama(b) => [&b.qkv, &b.o, &b.gate_up, &b.down],
             Block::Gpt2(b) => [&b.c_attn, &b.c_proj, &b.fc, &b.proj],
-        }
-    }
-
-    pub(crate) fn linears_mut(&mut self) -> [&mut Linear; 4] {
-        match self {
-            Block::Llama(b) => [&mut b.qkv, &mut b.o, &mut b.gate_up, &mut b.down],
-            Block::Gpt2(b) => [&mut b.c_attn, &mut b.c_proj, &mut b.fc, &mut b.proj],
         }
     }
 
@@ -258,24 +257,26 @@ fn heads(cfg: &ModelConfig, i: usize) -> Heads {
 }
 
 impl LlamaBlock {
-    fn load(src: &dyn Source, cfg: &ModelConfig, i: usize, precision: Precision) -> Result<Self> {
+    fn load(
+        src: &dyn Source,
+        cfg: &ModelConfig,
+        i: usize,
+        precision: Precision,
+        made: Made<'_>,
+    ) -> Result<Self> {
         let p = format!("model.layers.{i}");
         let h = cfg.hidden_size;
         let qd = cfg.num_heads * cfg.head_dim;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
         let inter = cfg.intermediate_size;
         let input_norm = read_shaped(src, &format!("{p}.input_layernorm.weight"), &[h])?;
-        let mut qkv = read_shaped(src, &format!("{p}.self_attn.q_proj.weight"), &[qd, h])?;
-        qkv.extend(read_shaped(
-            src,
-            &format!("{p}.self_attn.k_proj.weight"),
-            &[kvd, h],
-        )?);
-        qkv.extend(read_shaped(
-            src,
-            &format!("{p}.self_attn.v_proj.weight"),
-            &[kvd, h],
-        )?);
+        // Each weight read a block of rows at a time, quantized as it comes (`Linear::stacked`).
+        let part = |name: &str, rows: usize| (format!("{p}.{name}.weight"), rows);
+        let qkv_parts = [
+            part("self_attn.q_proj", qd),
+            part("self_attn.k_proj", kvd),
+            part("self_attn.v_proj", kvd),
+        ];
         let bias = if cfg.qkv_bias {
             let mut b = read_shaped(src, &format!("{p}.self_attn.q_proj.bias"), &[qd])?;
             b.extend(read_shaped(
@@ -292,19 +293,16 @@ impl LlamaBlock {
         } else {
             None
         };
-        let qkv = Linear::new(precision, qkv, qd + 2 * kvd, h, bias)?;
-        let o = read_shaped(src, &format!("{p}.self_attn.o_proj.weight"), &[h, qd])?;
-        let o = Linear::new(precision, o, h, qd, None)?;
+        let mut qkv = Linear::stacked(precision, src, &qkv_parts, h, bias)?;
+        made(&mut qkv)?;
+        let mut o = Linear::stacked(precision, src, &[part("self_attn.o_proj", h)], qd, None)?;
+        made(&mut o)?;
         let post_norm = read_shaped(src, &format!("{p}.post_attention_layernorm.weight"), &[h])?;
-        let mut gate_up = read_shaped(src, &format!("{p}.mlp.gate_proj.weight"), &[inter, h])?;
-        gate_up.extend(read_shaped(
-            src,
-            &format!("{p}.mlp.up_proj.weight"),
-            &[inter, h],
-        )?);
-        let gate_up = Linear::new(precision, gate_up, 2 * inter, h, None)?;
-        let down = read_shaped(src, &format!("{p}.mlp.down_proj.weight"), &[h, inter])?;
-        let down = Linear::new(precision, down, h, inter, None)?;
+        let gate_up_parts = [part("mlp.gate_proj", inter), part("mlp.up_proj", inter)];
+        let mut gate_up = Linear::stacked(precision, src, &gate_up_parts, h, None)?;
+        made(&mut gate_up)?;
+        let mut down = Linear::stacked(precision, src, &[part("mlp.down_proj", h)], inter, None)?;
+        made(&mut down)?;
         Ok(Self {
             index: i,
             input_norm,
@@ -382,7 +380,13 @@ impl LlamaBlock {
 }
 
 impl Gpt2Block {
-    fn load(src: &dyn Source, cfg: &ModelConfig, i: usize, precision: Precision) -> Result<Self> {
+    fn load(
+        src: &dyn Source,
+        cfg: &ModelConfig,
+        i: usize,
+        precision: Precision,
+        made: Made<'_>,
+    ) -> Result<Self> {
         let p = format!("h.{i}");
         let h = cfg.hidden_size;
         let inter = cfg.intermediate_size;
@@ -392,10 +396,12 @@ impl Gpt2Block {
                 read_shaped(src, &format!("{p}.{name}.bias"), &[h])?,
             ))
         };
-        let conv = |name: &str, inp: usize, out: usize| -> Result<Linear> {
+        let mut conv = |name: &str, inp: usize, out: usize| -> Result<Linear> {
             let w = read_shaped(src, &format!("{p}.{name}.weight"), &[inp, out])?;
             let b = read_shaped(src, &format!("{p}.{name}.bias"), &[out])?;
-            Linear::new(precision, transpose(&w, inp, out), out, inp, Some(b))
+            let mut l = Linear::new(precision, transpose(&w, inp, out), out, inp, Some(b))?;
+            made(&mut l)?;
+            Ok(l)
         };
         Ok(Self {
             index: i,

@@ -7,12 +7,12 @@
 
 use daisy_gemm_int8::{
     Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
-    quantize_residual, quantize_rows,
+    quantize_residual, quantize_rows, quantize_weights,
 };
 
 use crate::ops::matmul_f32;
 use crate::shard::{Put, Take};
-use crate::source::Embedding;
+use crate::source::{Embedding, Source, read_rows, read_shaped};
 use crate::{Error, Result};
 
 /// The precision of every matrix product of a run.
@@ -171,6 +171,61 @@ impl Linear {
             }
         };
         Ok(Self { weight, n, k, bias })
+    }
+
+    /// One `n × k` weight stacked from the tensors `parts` (`(name, rows)`, each `rows × k`, in
+    /// order: q, k and v, or gate and up, or one tensor alone), plus an optional bias. At int8 the
+    /// rows are quantized a block at a time as they are widened (`read_rows`) — rows quantize
+    /// independently, so the bits are those of quantizing the stacked whole — so no tensor is ever
+    /// held widened to f32, only its stored bytes: the load's peak is the weights held so far plus
+    /// one tensor as stored and the quantized rows of this weight.
+    pub(crate) fn stacked(
+        precision: Precision,
+        src: &dyn Source,
+        parts: &[(String, usize)],
+        k: usize,
+        bias: Option<Vec<f32>>,
+    ) -> Result<Self> {
+        let n: usize = parts.iter().map(|p| p.1).sum();
+        if precision == Precision::F32 {
+            let mut w = Vec::with_capacity(n * k);
+            for (name, rows) in parts {
+                w.extend(read_shaped(src, name, &[*rows, k])?);
+            }
+            return Ok(Self {
+                weight: Weight::F32(w),
+                n,
+                k,
+                bias,
+            });
+        }
+        let what = || format!("quantizing a {n}x{k} weight");
+        let empty = || {
+            Quantized::from_parts(0, k, Vec::with_capacity(n * k), Vec::with_capacity(n))
+                .map_err(|e| gemm_err(&what, e))
+        };
+        let mut first = empty()?;
+        let mut second = match precision.two_planes() {
+            true => Some(empty()?),
+            false => None,
+        };
+        for (name, rows) in parts {
+            read_rows(src, name, *rows, k, &mut |w: &[f32]| {
+                let r = w.len() / k.max(1);
+                let p1 = quantize_weights(w, r, k).map_err(|e| gemm_err(&what, e))?;
+                if let Some(second) = &mut second {
+                    let p2 = quantize_residual(w, &p1).map_err(|e| gemm_err(&what, e))?;
+                    second.append(&p2).map_err(|e| gemm_err(&what, e))?;
+                }
+                first.append(&p1).map_err(|e| gemm_err(&what, e))
+            })?;
+        }
+        Ok(Self {
+            weight: Weight::packed((first, second)),
+            n,
+            k,
+            bias,
+        })
     }
 
     /// A tied lm_head: the embedding table as the weight. The int8 copy is quantized a block of rows
@@ -492,4 +547,115 @@ pub(crate) fn act_gemm_batch(
         .map(|(a, b)| (a, Rhs::Activation(b)))
         .collect();
     gemm_quantized_batch(cx.backend, &pairs).map_err(|e| gemm_err(what, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use daisy_loader::DType;
+
+    use super::*;
+    use crate::source::RawTensor;
+
+    /// Tensors held in memory, as stored (BF16 here).
+    struct Tensors(HashMap<String, RawTensor>);
+
+    impl Source for Tensors {
+        fn read_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+            let (shape, dtype, bytes) = self.read_raw(name)?.expect("held");
+            let values = daisy_loader::widen(dtype, &bytes);
+            daisy_loader::check_finite(name, &values)?;
+            Ok((shape, values))
+        }
+        fn read_raw(&self, name: &str) -> Result<Option<RawTensor>> {
+            self.0
+                .get(name)
+                .cloned()
+                .map(Some)
+                .ok_or_else(|| Error::Loader(daisy_loader::Error::NoSuchTensor(name.to_string())))
+        }
+        fn has(&self, name: &str) -> bool {
+            self.0.contains_key(name)
+        }
+        fn fingerprint(&self) -> [u8; 32] {
+            [0; 32]
+        }
+    }
+
+    /// `rows × k` seeded values (row magnitudes spread, so scales differ) stored as BF16.
+    fn tensor(seed: u64, rows: usize, k: usize) -> (Vec<f32>, RawTensor) {
+        let values = daisy_gemm_int8::seeded_matrix(seed, rows, k);
+        let bits: Vec<u16> = values
+            .iter()
+            .map(|&v| daisy_loader::bf16_from_f32(v))
+            .collect();
+        let widened = bits.iter().map(|&b| daisy_loader::widen_bf16(b)).collect();
+        let bytes = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        (widened, (vec![rows, k], DType::BF16, bytes))
+    }
+
+    fn held(w: &Linear) -> Vec<(Vec<i8>, Vec<f32>)> {
+        w.planes()
+            .iter()
+            .map(|p| {
+                let q = p.to_quantized();
+                (q.q().to_vec(), q.scales().to_vec())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_weight_stacked_a_block_of_rows_at_a_time_is_the_whole_quantized_at_once() {
+        // 700 rows of 576 span two blocks of rows (455 a block), the second part one more.
+        let k = 576;
+        let (a, raw_a) = tensor(1, 700, k);
+        let (b, raw_b) = tensor(2, 300, k);
+        let src = Tensors(HashMap::from([("a".into(), raw_a), ("b".into(), raw_b)]));
+        let parts = [("a".to_string(), 700), ("b".to_string(), 300)];
+        let whole: Vec<f32> = a.iter().chain(&b).copied().collect();
+        for precision in [Precision::Int8, Precision::Int8x2] {
+            let stacked = Linear::stacked(precision, &src, &parts, k, None).unwrap();
+            let at_once = Linear::new(precision, whole.clone(), 1000, k, None).unwrap();
+            assert_eq!(held(&stacked), held(&at_once), "{}", precision.name());
+            // Mutation: one value of the second block changed gives other bits.
+            let mut changed = whole.clone();
+            changed[600 * k + 5] *= 3.0;
+            let other = Linear::new(precision, changed, 1000, k, None).unwrap();
+            assert_ne!(held(&stacked), held(&other), "{}", precision.name());
+        }
+        let f32 = Linear::stacked(Precision::F32, &src, &parts, k, None).unwrap();
+        let Weight::F32(w) = &f32.weight else {
+            panic!("an f32 weight")
+        };
+        assert_eq!(w, &whole);
+    }
+
+    #[test]
+    fn a_non_finite_value_in_a_later_block_is_refused_at_its_index_in_the_tensor() {
+        let k = 576;
+        let (_, (shape, dtype, mut bytes)) = tensor(3, 700, k);
+        let at = 600 * k + 7;
+        bytes[2 * at..2 * at + 2].copy_from_slice(&0x7FC0u16.to_le_bytes());
+        let src = Tensors(HashMap::from([("a".into(), (shape, dtype, bytes))]));
+        let err = Linear::stacked(Precision::Int8, &src, &[("a".to_string(), 700)], k, None)
+            .err()
+            .expect("refused");
+        match err {
+            Error::Loader(daisy_loader::Error::NonFinite { tensor, index, .. }) => {
+                assert_eq!((tensor.as_str(), index), ("a", at));
+            }
+            other => panic!("expected a non-finite refusal, got {other}"),
+        }
+        // A part of the wrong shape is refused by name.
+        let (_, raw) = tensor(4, 10, k);
+        let src = Tensors(HashMap::from([("a".into(), raw)]));
+        let err = Linear::stacked(Precision::Int8, &src, &[("a".to_string(), 11)], k, None)
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(err, Error::Shape { ref name, .. } if name == "a"),
+            "{err}"
+        );
+    }
 }
