@@ -1,15 +1,18 @@
 //! Opening a model: the checkpoint validated (config, every tensor header, every value), its one
 //! typed config, and its tokenizer checked against the vocabulary — before anything computes.
 
+use std::sync::Arc;
+
 use daisy_loader::{Checkpoint, ModelConfig};
 use daisy_tokenizer::{ChatTemplate, Message, Tokenizer};
 
 use crate::error::{Context, Error, Result};
 
-/// A checkpoint opened and validated, and its tokenizer.
+/// A checkpoint opened and validated, and its tokenizer (shared with the [`Encoder`]s made from
+/// it: a 49K-token vocabulary is about 10 MB built).
 pub struct Opened {
     pub checkpoint: Checkpoint,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
 }
 
 /// How a prompt's text becomes ids.
@@ -50,7 +53,7 @@ impl Opened {
         }
         Ok(Self {
             checkpoint,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
         })
     }
 
@@ -81,11 +84,11 @@ impl Opened {
         encode_with(&self.tokenizer, || self.chat_template(), prompt)
     }
 
-    /// A prompt encoder of its own (its own tokenizer and chat template), to encode prompts on
-    /// another thread while a turn runs: the same ids as [`Opened::encode`].
+    /// A prompt encoder of its own (the tokenizer shared, the chat template its own), to encode
+    /// prompts on another thread while a turn runs: the same ids as [`Opened::encode`].
     pub fn encoder(&self) -> Result<Encoder> {
         Ok(Encoder {
-            tokenizer: tokenizer_of(&self.checkpoint)?,
+            tokenizer: self.tokenizer.clone(),
             template: self.chat_template().map_err(|e| e.to_string()),
         })
     }
@@ -102,7 +105,7 @@ impl Opened {
 
 /// Encodes prompts as [`Opened::encode`] does, owning what it needs (see [`Opened::encoder`]).
 pub struct Encoder {
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     /// The chat template, or why there is none (said when a chat prompt needs it).
     template: std::result::Result<ChatTemplate, String>,
 }
