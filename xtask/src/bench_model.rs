@@ -53,11 +53,13 @@ impl BenchModel {
                  (config.json, its .safetensors, tokenizer.json)"
             );
         }
-        Ok(Self {
-            slug: slug_of(&path),
+        let mut model = Self {
             dir: path.to_string_lossy().into_owned(),
+            slug: String::new(),
             golden: None,
-        })
+        };
+        model.slug = slug_of(&model.folder_name());
+        Ok(model)
     }
 
     /// Whether this is the fixture (which `build_release` fetches when it is missing).
@@ -80,11 +82,9 @@ impl BenchModel {
 
 /// A folder's name for figure names: lower case, anything but letters, digits, `.`, `_` and `-`
 /// made `-`.
-fn slug_of(path: &Path) -> String {
-    let name = path
-        .file_name()
-        .map_or_else(|| "model".into(), |n| n.to_string_lossy().to_lowercase());
-    name.chars()
+fn slug_of(name: &str) -> String {
+    name.to_lowercase()
+        .chars()
         .map(|c| match c {
             'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
             _ => '-',

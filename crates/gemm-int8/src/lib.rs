@@ -51,7 +51,7 @@ mod verify;
 
 pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_shapes};
 pub use packed::{HugeBytes, PackedParts, PackedWeights, SharedBytes, WeightArena};
-pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows, quantize_weights};
+pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
     reference_i32, seeded_matrix, splitmix,

@@ -134,14 +134,6 @@ pub fn quantize_rows(a: &[f32], rows: usize, k: usize) -> Result<Quantized, Erro
     quantize(Operand::A, a, rows, k)
 }
 
-/// Quantize `n × k` weight rows (row = output channel) as [`crate::PackedWeights::new`] does, kept
-/// row-major: for weights quantized in parts (rows quantize independently, so parts joined with
-/// [`Quantized::append`] are the whole quantized at once) and packed after. A refusal names
-/// operand B.
-pub fn quantize_weights(w: &[f32], n: usize, k: usize) -> Result<Quantized, Error> {
-    quantize(Operand::B, w, n, k)
-}
-
 /// The second plane of `a` under the two-plane precision (DESIGN.md §3.9): each element's residual
 /// `a − f32(q)·s` against its first plane `first` (= `quantize_rows(a)`: one f32 multiply, then one
 /// f32 subtraction, never fused), quantized per row like any operand. `first` plus this plane carry

@@ -7,7 +7,7 @@
 
 use daisy_gemm_int8::{
     Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
-    quantize_residual, quantize_rows, quantize_weights,
+    quantize_residual, quantize_rows,
 };
 
 use crate::ops::matmul_f32;
@@ -108,6 +108,65 @@ pub(crate) fn planes(
     Ok((first, second))
 }
 
+/// A weight's planes quantized a block of rows at a time and appended: rows quantize
+/// independently, so the blocks are the whole quantized at once, and the whole is never held
+/// widened to f32.
+struct RowBlocks<'a> {
+    precision: Precision,
+    n: usize,
+    k: usize,
+    planes: Planes,
+    what: &'a dyn Fn() -> String,
+}
+
+impl<'a> RowBlocks<'a> {
+    /// Room for `n` rows of `k`; `what` names the weight in a refusal.
+    fn new(precision: Precision, n: usize, k: usize, what: &'a dyn Fn() -> String) -> Result<Self> {
+        let empty = || {
+            Quantized::from_parts(0, k, Vec::with_capacity(n * k), Vec::with_capacity(n))
+                .map_err(|e| gemm_err(what, e))
+        };
+        let second = match precision.two_planes() {
+            true => Some(empty()?),
+            false => None,
+        };
+        Ok(Self {
+            precision,
+            n,
+            k,
+            planes: (empty()?, second),
+            what,
+        })
+    }
+
+    /// Quantize whole rows `w` and append them.
+    fn push(&mut self, w: &[f32]) -> Result<()> {
+        let rows = w.len().checked_div(self.k).unwrap_or(0);
+        let err = |e| gemm_err(self.what, e);
+        let (p1, p2) = planes(self.precision, w, rows, self.k).map_err(err)?;
+        self.planes.0.append(&p1).map_err(err)?;
+        if let (Some(second), Some(p2)) = (&mut self.planes.1, p2) {
+            second.append(&p2).map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// The packed weight, refused unless exactly its `n` rows were pushed.
+    fn into_weight(self) -> Result<Weight> {
+        let got = self.planes.0.rows();
+        if got != self.n {
+            return Err(Error::Invalid(format!(
+                "{}: {got} rows of {} given for a {}x{} weight",
+                (self.what)(),
+                self.k,
+                self.n,
+                self.k
+            )));
+        }
+        Ok(Weight::packed(self.planes))
+    }
+}
+
 /// `C = A·Bᵀ` from the planes of A and of B: `D(A₁,B₁)` with one plane each, or
 /// `(D(A₁,B₁) + D(A₂,B₁)) + D(A₁,B₂)` in f32 with two (§3.9), where D is one product through the
 /// unit. A₁ and A₂ go through the unit stacked, as one product of twice the rows against B₁.
@@ -158,16 +217,11 @@ impl Linear {
     ) -> Result<Self> {
         let weight = match precision {
             Precision::F32 => Weight::F32(w),
-            Precision::Int8 => Weight::Int8(
-                PackedWeights::new(&w, n, k)
-                    .map_err(|e| gemm_err(&|| format!("quantizing a {n}x{k} weight"), e))?,
-            ),
-            Precision::Int8x2 => {
+            Precision::Int8 | Precision::Int8x2 => {
                 let what = || format!("quantizing a {n}x{k} weight");
-                let p1 = PackedWeights::new(&w, n, k).map_err(|e| gemm_err(&what, e))?;
-                let p2 =
-                    quantize_residual(&w, &p1.to_quantized()).map_err(|e| gemm_err(&what, e))?;
-                Weight::Int8x2([p1, PackedWeights::from_quantized(&p2)])
+                let mut blocks = RowBlocks::new(precision, n, k, &what)?;
+                blocks.push(&w)?;
+                blocks.into_weight()?
             }
         };
         Ok(Self { weight, n, k, bias })
@@ -200,28 +254,12 @@ impl Linear {
             });
         }
         let what = || format!("quantizing a {n}x{k} weight");
-        let empty = || {
-            Quantized::from_parts(0, k, Vec::with_capacity(n * k), Vec::with_capacity(n))
-                .map_err(|e| gemm_err(&what, e))
-        };
-        let mut first = empty()?;
-        let mut second = match precision.two_planes() {
-            true => Some(empty()?),
-            false => None,
-        };
+        let mut blocks = RowBlocks::new(precision, n, k, &what)?;
         for (name, rows) in parts {
-            read_rows(src, name, *rows, k, &mut |w: &[f32]| {
-                let r = w.len() / k.max(1);
-                let p1 = quantize_weights(w, r, k).map_err(|e| gemm_err(&what, e))?;
-                if let Some(second) = &mut second {
-                    let p2 = quantize_residual(w, &p1).map_err(|e| gemm_err(&what, e))?;
-                    second.append(&p2).map_err(|e| gemm_err(&what, e))?;
-                }
-                first.append(&p1).map_err(|e| gemm_err(&what, e))
-            })?;
+            read_rows(src, name, *rows, k, &mut |w: &[f32]| blocks.push(w))?;
         }
         Ok(Self {
-            weight: Weight::packed((first, second)),
+            weight: blocks.into_weight()?,
             n,
             k,
             bias,
@@ -246,9 +284,7 @@ impl Linear {
             Precision::Int8 | Precision::Int8x2 => {
                 const BLOCK: usize = 1024;
                 let what = || format!("quantizing the tied {n}x{k} lm_head");
-                let two = precision.two_planes();
-                let part = || (Vec::with_capacity(n * k), Vec::with_capacity(n));
-                let (mut first, mut second): ((Vec<i8>, Vec<f32>), _) = (part(), two.then(part));
+                let mut blocks = RowBlocks::new(precision, n, k, &what)?;
                 let mut rows = Vec::with_capacity(BLOCK * k);
                 for r0 in (0..n).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(n);
@@ -258,19 +294,9 @@ impl Linear {
                     }
                     // A mapped table's pages, once quantized, are not kept resident for it.
                     embed.release(r0, r1);
-                    let (p1, p2) =
-                        planes(precision, &rows, r1 - r0, k).map_err(|e| gemm_err(&what, e))?;
-                    first.0.extend_from_slice(p1.q());
-                    first.1.extend_from_slice(p1.scales());
-                    if let (Some((q, scales)), Some(p2)) = (&mut second, p2) {
-                        q.extend_from_slice(p2.q());
-                        scales.extend_from_slice(p2.scales());
-                    }
+                    blocks.push(&rows)?;
                 }
-                let whole = |(q, scales)| {
-                    Quantized::from_parts(n, k, q, scales).map_err(|e| gemm_err(&what, e))
-                };
-                Weight::packed((whole(first)?, second.map(whole).transpose()?))
+                blocks.into_weight()?
             }
         };
         Ok(Self {

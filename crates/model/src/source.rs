@@ -191,6 +191,17 @@ impl Embedding {
         }
     }
 
+    /// Append the rows of `ids` (each below [`Self::rows`]) widened to f32. A mapped table keeps
+    /// no page resident for them afterwards: a fault maps the pages around a row as well (64 KiB
+    /// a token, 13 MB over 200 tokens of a 0.4 B model), and a row looked up again is read back
+    /// from the page cache.
+    pub(crate) fn look_up(&self, ids: &[u32], out: &mut Vec<f32>) {
+        for &id in ids {
+            self.row_into(id as usize, out);
+        }
+        self.release(0, self.rows);
+    }
+
     /// The whole table widened to f32 (for a tied lm_head).
     pub(crate) fn to_f32(&self) -> Vec<f32> {
         let mut out = Vec::with_capacity(self.rows * self.cols);

@@ -438,20 +438,12 @@ impl Stage {
                 max: self.cfg.max_position_embeddings,
             });
         }
-        let mut x = Vec::with_capacity(ids.len() * h);
-        for &id in ids {
-            if id as usize >= head.embed.rows() {
-                return Err(Error::TokenOutOfRange {
-                    id,
-                    vocab: head.embed.rows(),
-                });
-            }
-            head.embed.row_into(id as usize, &mut x);
+        let vocab = head.embed.rows();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab });
         }
-        // A mapped table keeps no page resident for the rows it gave: a fault maps the pages
-        // around a row as well (64 KiB a token, 13 MB over 200 tokens of a 0.4 B model); a row
-        // looked up again is read back from the page cache.
-        head.embed.release(0, head.embed.rows());
+        let mut x = Vec::with_capacity(ids.len() * h);
+        head.embed.look_up(ids, &mut x);
         if let Some(wpe) = &head.wpe {
             for (r, row) in x.chunks_exact_mut(h).enumerate() {
                 let p = &wpe[(pos0 + r) * h..(pos0 + r + 1) * h];
@@ -705,7 +697,7 @@ fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Resul
     let lm_head = if cfg.tie_word_embeddings {
         Linear::tied(precision, &embed, v, h)?
     } else {
-        Linear::new(precision, read_shaped(src, lm_name, &[v, h])?, v, h, None)?
+        Linear::stacked(precision, src, &[(lm_name.to_string(), v)], h, None)?
     };
     Ok(Head {
         embed,
