@@ -7,6 +7,7 @@ use crate::kernels;
 use crate::packed::{PANEL, PackedWeights};
 use crate::pool;
 use crate::quant::Quantized;
+use crate::verify::LiveAudit;
 use crate::{Error, Operand};
 
 /// The B operand of a GEMM: weights packed once, or an activation quantized for this call
@@ -76,6 +77,20 @@ pub trait Backend: Send + Sync {
 
     /// Write the `a.rows() × b.n()` accumulators into `out`, row-major.
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error>;
+
+    /// [`Backend::gemm_i32`], checking the cells of `audit` it can as it goes (while their operands
+    /// are still in cache: [`LiveAudit::check_columns`] on a run of columns just written); the
+    /// caller checks every cell left after. By default none is checked here.
+    fn gemm_i32_audited(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        out: &mut [i32],
+        audit: &LiveAudit,
+    ) -> Result<(), Error> {
+        let _ = audit;
+        self.gemm_i32(a, b, out)
+    }
 
     /// Several independent products. A device backend may send them in one submission (one round
     /// trip instead of one each); the integers are those of [`Backend::gemm_i32`] on each item.
@@ -229,7 +244,9 @@ impl CpuBackend {
         self.isa
     }
 
-    fn run(&self, a: &Quantized, b: &PackedWeights, out: &mut [i32]) {
+    /// The product on the pool; `audit`'s cells in a run of columns are checked by the thread that
+    /// computed it, right after (where the GEMM is cut by columns: decode).
+    fn run(&self, a: &Quantized, b: &PackedWeights, out: &mut [i32], audit: Option<&LiveAudit>) {
         let (t, n, k) = (a.rows(), b.n(), b.k());
         if t == 0 || n == 0 {
             return;
@@ -297,6 +314,15 @@ impl CpuBackend {
             Split::Columns(split) => pool::for_each_chunk(split.units(), |u| {
                 let (p0, p1) = split.unit(u);
                 tile(0, t, p0, p1);
+                if let Some(audit) = audit {
+                    let cols = (p0 * PANEL, (p1 * PANEL).min(n));
+                    audit.check_columns(a, Rhs::Weights(b), cols, |row, col| {
+                        let out = out_ptr;
+                        // SAFETY: row < t and col < n in this unit's columns, which this thread
+                        // has just written and no other thread touches.
+                        unsafe { *out.0.add(row * n + col) }
+                    });
+                }
             }),
             Split::Tiles { strips } => {
                 let blocks = panels.div_ceil(kernels::NP);
@@ -349,10 +375,10 @@ impl CpuBackend {
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let cells = |c0: usize, c1: usize| {
             let out = out_ptr;
-            // SAFETY: the caller checked `rows_available` for `isa`, which this CPU supports with
-            // AVX-512 F, BW and VL (checked when the backend was made); the shapes were checked
+            // SAFETY: the caller checked `rows_available` for `isa`, which this CPU supports
+            // (checked when the backend was made); the shapes were checked
             // by the caller; every run of columns is handed to one thread only.
-            unsafe { kernels::rows_dot(a.q(), t, q.q(), k, (c0, c1), out.0, n) };
+            unsafe { kernels::rows_dot(self.isa, a.q(), t, q.q(), k, (c0, c1), out.0, n) };
         };
         if t * n * k < PARALLEL_MIN_MACS {
             cells(0, n);
@@ -564,14 +590,31 @@ impl Backend for CpuBackend {
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
         check_shapes(a, b, out)?;
         match b {
-            Rhs::Weights(w) => self.run(a, w, out),
+            Rhs::Weights(w) => self.run(a, w, out, None),
             #[cfg(target_arch = "x86_64")]
             Rhs::Activation(q) if a.rows() <= ROWS_MAX_T && kernels::rows_available(self.isa) => {
                 self.rows(a, q, out)
             }
-            Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out),
+            Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out, None),
         }
         Ok(())
+    }
+
+    fn gemm_i32_audited(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        out: &mut [i32],
+        audit: &LiveAudit,
+    ) -> Result<(), Error> {
+        match b {
+            Rhs::Weights(w) => {
+                check_shapes(a, b, out)?;
+                self.run(a, w, out, Some(audit));
+                Ok(())
+            }
+            Rhs::Activation(_) => self.gemm_i32(a, b, out),
+        }
     }
 }
 

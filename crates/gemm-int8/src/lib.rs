@@ -53,7 +53,7 @@ pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_sha
 pub use packed::{HugeBytes, PackedParts, PackedWeights, SharedBytes, WeightArena};
 pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows};
 pub use verify::{
-    AUDIT_CELLS, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
+    AUDIT_CELLS, LiveAudit, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,
     reference_i32, seeded_matrix, splitmix,
 };
 
@@ -380,8 +380,7 @@ pub fn gemm_quantized_into(
         // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid for
         // both; the view is dropped before `c` is used as f32 again.
         let acc = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) };
-        backend.gemm_i32(a, b, acc)?;
-        verify::audit_live(backend, a, b, acc)?;
+        verify::gemm_audited(backend, a, b, acc)?;
     }
     dequantize_in_place(c, a.scales(), b.scales());
     Ok(())

@@ -1,7 +1,8 @@
 //! The scalar reference (the definition of the accumulators), the init gates of DESIGN.md §3.7, the
 //! live random-cell audit, the cross-device probe and the measured rate for the planner.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -85,102 +86,190 @@ pub fn audit(
     seed: u64,
     cells: usize,
 ) -> Result<(), Error> {
-    audit_named(&|| backend.to_string(), a, b, acc, seed, cells)
+    check_shapes(a, b, acc)?;
+    LiveAudit::new(a.rows(), b.n(), seed, cells).finish(&|| backend.to_string(), a, b, acc)
 }
 
-/// [`audit`], naming the backend only when a cell disagrees.
-fn audit_named(
-    backend: &dyn Fn() -> String,
-    a: &Quantized,
-    b: Rhs<'_>,
-    acc: &[i32],
-    seed: u64,
-    cells: usize,
-) -> Result<(), Error> {
-    check_shapes(a, b, acc)?;
-    let total = acc.len();
-    if total == 0 {
-        return Ok(());
+/// The cells one live GEMM's audit recomputes, picked (seeded) before the product, so that a
+/// backend may check them as it goes, while their operands are still in cache — the CPU backend
+/// checks a run of columns right after computing it — and [`LiveAudit::finish`] checks whatever
+/// cells are left. Either way every cell is recomputed by the scalar reference from the operands
+/// and compared with the accumulator the backend wrote, and the first disagreement in the seeded
+/// order is the one reported.
+#[derive(Debug)]
+pub struct LiveAudit {
+    /// The cells, by column (a column shared by several cells is gathered once).
+    cells: Vec<Cell>,
+    /// The first disagreement found so far: (seeded index, got, expected).
+    first: Mutex<Option<(usize, i32, i32)>>,
+}
+
+#[derive(Debug)]
+struct Cell {
+    /// Its place in the seeded order.
+    index: usize,
+    row: usize,
+    col: usize,
+    checked: AtomicBool,
+}
+
+impl LiveAudit {
+    /// `cells` seeded cells of a `t × n` product.
+    fn new(t: usize, n: usize, seed: u64, cells: usize) -> Self {
+        let mut picks = Vec::new();
+        if t > 0 && n > 0 {
+            let mut state = seed;
+            // Columns come from two seeded blocks of 16 (one weight panel each), so auditing packed
+            // weights re-reads two panels rather than up to `cells` of them: at T = 1 a full
+            // re-read would double the memory traffic of a GEMM that is memory-bound.
+            let blocks = n.div_ceil(AUDIT_BLOCK);
+            let picked = [0, 1].map(|_| (splitmix(&mut state) % blocks as u64) as usize);
+            picks = (0..cells)
+                .map(|index| {
+                    let block = picked[index % 2];
+                    let width = AUDIT_BLOCK.min(n - block * AUDIT_BLOCK);
+                    let col = block * AUDIT_BLOCK + (splitmix(&mut state) % width as u64) as usize;
+                    let row = (splitmix(&mut state) % t as u64) as usize;
+                    Cell {
+                        index,
+                        row,
+                        col,
+                        checked: AtomicBool::new(false),
+                    }
+                })
+                .collect();
+            picks.sort_by_key(|c| c.col);
+        }
+        Self {
+            cells: picks,
+            first: Mutex::new(None),
+        }
     }
-    let (t, n) = (a.rows(), b.n());
-    let mut state = seed;
-    // Columns come from two seeded blocks of 16 (one weight panel each), so auditing packed weights
-    // re-reads two panels rather than up to `cells` of them: at T = 1 a full re-read would double the
-    // memory traffic of a GEMM that is memory-bound.
-    let blocks = n.div_ceil(AUDIT_BLOCK);
-    let picked = [0, 1].map(|_| (splitmix(&mut state) % blocks as u64) as usize);
-    let picks: Vec<(usize, usize)> = (0..cells)
-        .map(|i| {
-            let block = picked[i % 2];
-            let width = AUDIT_BLOCK.min(n - block * AUDIT_BLOCK);
-            let col = block * AUDIT_BLOCK + (splitmix(&mut state) % width as u64) as usize;
-            let row = (splitmix(&mut state) % t as u64) as usize;
-            (row, col)
-        })
-        .collect();
-    // The first disagreeing cell (in the seeded order) among those whose index is `h` modulo
-    // `step`: (index, got, expected).
-    // Cells are visited by column so that a column shared by several cells is gathered once.
-    let check = |h: usize, step: usize| -> Option<(usize, i32, i32)> {
-        let mut order: Vec<usize> = (h..picks.len()).step_by(step).collect();
-        order.sort_by_key(|&i| picks[i].1);
+
+    /// The audit every live GEMM gets: [`AUDIT_CELLS`] cells, a fresh seed per call.
+    pub(crate) fn live(a: &Quantized, b: Rhs<'_>) -> Self {
+        let mut seed = AUDIT_SEED.fetch_add(1, Ordering::Relaxed);
+        Self::new(a.rows(), b.n(), splitmix(&mut seed), AUDIT_CELLS)
+    }
+
+    /// Check the cells in columns `[c0, c1)` now, reading each one's accumulator through `acc`
+    /// (row, column). For a backend, right after it wrote those columns, on the thread that did.
+    pub fn check_columns(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        (c0, c1): (usize, usize),
+        acc: impl Fn(usize, usize) -> i32,
+    ) {
+        let from = self.cells.partition_point(|c| c.col < c0);
+        let to = self.cells.partition_point(|c| c.col < c1);
+        if from < to {
+            self.check(a, b, self.cells[from..to].iter(), acc);
+        }
+    }
+
+    /// Recompute `cells` (in column order) and keep the first disagreement.
+    fn check<'c>(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        cells: impl Iterator<Item = &'c Cell>,
+        acc: impl Fn(usize, usize) -> i32,
+    ) {
         let mut qb = vec![0i8; b.k()];
         let mut gathered = usize::MAX;
         let mut first: Option<(usize, i32, i32)> = None;
-        for i in order {
-            let (row, col) = picks[i];
-            if col != gathered {
-                b.write_row(col, &mut qb);
-                gathered = col;
+        for cell in cells {
+            if cell.col != gathered {
+                b.write_row(cell.col, &mut qb);
+                gathered = cell.col;
             }
-            let expected = reference_cell(a.row(row), &qb);
-            let got = acc[row * n + col];
-            if got != expected && first.is_none_or(|(j, ..)| i < j) {
-                first = Some((i, got, expected));
+            let expected = reference_cell(a.row(cell.row), &qb);
+            let got = acc(cell.row, cell.col);
+            if got != expected && first.is_none_or(|(j, ..)| cell.index < j) {
+                first = Some((cell.index, got, expected));
+            }
+            cell.checked.store(true, Ordering::Relaxed);
+        }
+        if let Some(found) = first {
+            let mut kept = self.first.lock().unwrap_or_else(|e| e.into_inner());
+            if kept.is_none_or(|(j, ..)| found.0 < j) {
+                *kept = Some(found);
             }
         }
-        first
-    };
-    // Long rows: the two blocks' cells on two threads (after a decode GEMM the audited panels are
-    // out in the last-level cache, and gathering them is most of the audit's time).
-    let first = if b.k() >= AUDIT_PARALLEL_MIN_K && cells >= 2 {
-        let halves = std::sync::Mutex::new([None; 2]);
-        crate::pool::for_each_chunk(2, |h| {
-            let found = check(h, 2);
-            halves.lock().unwrap_or_else(|e| e.into_inner())[h] = found;
-        });
-        let halves = halves.into_inner().unwrap_or_else(|e| e.into_inner());
-        halves.into_iter().flatten().min_by_key(|&(i, ..)| i)
-    } else {
-        check(0, 1)
-    };
-    match first {
-        None => Ok(()),
-        Some((i, got, expected)) => Err(Error::AuditMismatch {
-            backend: backend(),
-            row: picks[i].0,
-            col: picks[i].1,
-            got,
-            expected,
-        }),
+    }
+
+    /// Check the cells the backend left, against `acc` (`a.rows() × b.n()`, shapes checked by the
+    /// caller), and report the first disagreement in the seeded order as an
+    /// [`Error::AuditMismatch`] naming `backend`.
+    pub(crate) fn finish(
+        &self,
+        backend: &dyn Fn() -> String,
+        a: &Quantized,
+        b: Rhs<'_>,
+        acc: &[i32],
+    ) -> Result<(), Error> {
+        let n = b.n();
+        let left: Vec<&Cell> = self
+            .cells
+            .iter()
+            .filter(|c| !c.checked.load(Ordering::Relaxed))
+            .collect();
+        let read = |row: usize, col: usize| acc[row * n + col];
+        // Long rows: the cells on two threads (after a decode GEMM the audited panels are out in
+        // the last-level cache, and gathering them is most of the audit's time).
+        if b.k() >= AUDIT_PARALLEL_MIN_K && left.len() >= 2 {
+            crate::pool::for_each_chunk(2, |h| {
+                self.check(a, b, left.iter().skip(h).step_by(2).copied(), read)
+            });
+        } else {
+            self.check(a, b, left.into_iter(), read);
+        }
+        let first = *self.first.lock().unwrap_or_else(|e| e.into_inner());
+        match first {
+            None => Ok(()),
+            Some((i, got, expected)) => {
+                let cell = self.cells.iter().find(|c| c.index == i);
+                let (row, col) = cell.map_or((0, 0), |c| (c.row, c.col));
+                Err(Error::AuditMismatch {
+                    backend: backend(),
+                    row,
+                    col,
+                    got,
+                    expected,
+                })
+            }
+        }
     }
 }
 
-/// Row length from which [`audit`] checks its two blocks on two threads.
+/// Row length from which [`LiveAudit::finish`] checks the cells left on two threads.
 const AUDIT_PARALLEL_MIN_K: usize = 512;
 
 static AUDIT_SEED: AtomicU64 = AtomicU64::new(0x5EED_A0D1_7000_0000);
 
-/// The audit every live GEMM gets: [`AUDIT_CELLS`] cells, a fresh seed per call.
+/// The audit every live GEMM gets: [`AUDIT_CELLS`] cells, a fresh seed per call, of accumulators
+/// already computed.
 pub(crate) fn audit_live(
     backend: &dyn Backend,
     a: &Quantized,
     b: Rhs<'_>,
     acc: &[i32],
 ) -> Result<(), Error> {
-    let mut seed = AUDIT_SEED.fetch_add(1, Ordering::Relaxed);
-    let seed = splitmix(&mut seed);
-    audit_named(&|| backend.name(), a, b, acc, seed, AUDIT_CELLS)
+    LiveAudit::live(a, b).finish(&|| backend.name(), a, b, acc)
+}
+
+/// A live GEMM and its audit: [`Backend::gemm_i32_audited`] checks what cells it can as it goes,
+/// the rest are checked after.
+pub(crate) fn gemm_audited(
+    backend: &dyn Backend,
+    a: &Quantized,
+    b: Rhs<'_>,
+    acc: &mut [i32],
+) -> Result<(), Error> {
+    let audit = LiveAudit::live(a, b);
+    backend.gemm_i32_audited(a, b, acc, &audit)?;
+    audit.finish(&|| backend.name(), a, b, acc)
 }
 
 /// How a gate fills a matrix.
@@ -354,4 +443,88 @@ pub fn measure_rate(backend: &dyn Backend) -> Result<f64, Error> {
     }
     let secs = start.elapsed().as_secs_f64();
     Ok(2.0 * (t * n * k) as f64 * f64::from(runs) / secs / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CpuBackend;
+
+    fn operands(t: usize, n: usize, k: usize) -> (Quantized, PackedWeights) {
+        let a = quantize_rows(&seeded_matrix(21, t, k), t, k).unwrap();
+        let w = PackedWeights::new(&seeded_matrix(22, n, k), n, k).unwrap();
+        (a, w)
+    }
+
+    #[test]
+    fn a_decode_product_on_the_cpu_checks_its_audit_cells_as_it_goes() {
+        // SmolLM2's up projection at T = 1: cut by columns over the pool.
+        let (t, n, k) = (1, 1536, 576);
+        let (a, w) = operands(t, n, k);
+        for seed in 0..8 {
+            let audit = LiveAudit::new(t, n, seed, AUDIT_CELLS);
+            let mut acc = vec![0i32; t * n];
+            CpuBackend::new()
+                .gemm_i32_audited(&a, Rhs::Weights(&w), &mut acc, &audit)
+                .unwrap();
+            assert_eq!(audit.cells.len(), AUDIT_CELLS);
+            assert!(
+                audit
+                    .cells
+                    .iter()
+                    .all(|c| c.checked.load(Ordering::Relaxed)),
+                "seed {seed}: the backend left cells to the caller"
+            );
+            audit
+                .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &acc)
+                .unwrap();
+        }
+        // A prefill-sized product is cut in tiles: whatever the backend leaves, finish checks.
+        let (a, w) = operands(67, 130, 579);
+        let audit = LiveAudit::new(67, 130, 3, AUDIT_CELLS);
+        let mut acc = vec![0i32; 67 * 130];
+        CpuBackend::new()
+            .gemm_i32_audited(&a, Rhs::Weights(&w), &mut acc, &audit)
+            .unwrap();
+        audit
+            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &acc)
+            .unwrap();
+        assert!(
+            audit
+                .cells
+                .iter()
+                .all(|c| c.checked.load(Ordering::Relaxed))
+        );
+    }
+
+    #[test]
+    fn a_wrong_cell_checked_as_the_backend_goes_is_reported_first_in_the_seeded_order() {
+        let (t, n, k) = (2, 96, 577);
+        let (a, w) = operands(t, n, k);
+        let mut good = vec![0i32; t * n];
+        reference_i32(&a, Rhs::Weights(&w), &mut good).unwrap();
+        let audit = LiveAudit::new(t, n, 5, AUDIT_CELLS);
+        // Every audited cell wrong; checked in two runs of columns, the later columns first.
+        let mut bad = good.clone();
+        for c in &audit.cells {
+            bad[c.row * n + c.col] = good[c.row * n + c.col].wrapping_add(1);
+        }
+        let read = |row: usize, col: usize| bad[row * n + col];
+        audit.check_columns(&a, Rhs::Weights(&w), (48, n), read);
+        audit.check_columns(&a, Rhs::Weights(&w), (0, 48), read);
+        let first = audit.cells.iter().find(|c| c.index == 0).unwrap();
+        let err = audit
+            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::AuditMismatch { row, col, .. } if (row, col) == (first.row, first.col)),
+            "{err}"
+        );
+        // The same cells against the right accumulators pass.
+        let audit = LiveAudit::new(t, n, 5, AUDIT_CELLS);
+        audit.check_columns(&a, Rhs::Weights(&w), (0, n), |row, col| good[row * n + col]);
+        audit
+            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
+            .unwrap();
+    }
 }

@@ -161,19 +161,21 @@ fn every_work_split_equals_the_reference() {
         let qa = quantize_rows(&matrix(seed, t, k), t, k).unwrap();
         let w = matrix(seed ^ 0xABCD, n, k);
         let packed = PackedWeights::new(&w, n, k).unwrap();
-        let mut flipped = w.clone();
-        flipped[n * k - 1] = -flipped[n * k - 1];
-        let mutant = PackedWeights::new(&flipped, n, k).unwrap();
         let mut want = vec![0; t * n];
         reference_i32(&qa, Rhs::Weights(&packed), &mut want).unwrap();
-        for be in backends() {
-            equal_and_mutant_differs(
-                &be,
-                &qa,
-                (&packed, &mutant),
-                &want,
-                &format!("t={t} k={k} n={n}"),
-            );
+        for (flip, what) in [(n * k - 1, "last"), (n / 2 * k + k / 3, "middle")] {
+            let mut flipped = w.clone();
+            flipped[flip] = -flipped[flip];
+            let mutant = PackedWeights::new(&flipped, n, k).unwrap();
+            for be in backends() {
+                equal_and_mutant_differs(
+                    &be,
+                    &qa,
+                    (&packed, &mutant),
+                    &want,
+                    &format!("t={t} k={k} n={n}, {what} weight flipped"),
+                );
+            }
         }
     }
 }

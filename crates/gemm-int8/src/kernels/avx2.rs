@@ -2,11 +2,12 @@
 //! `sign(b, a)` (`vpsignb`): each pair sum is at most 2 · 127 · 127 = 32258 < 2¹⁵, never saturating;
 //! `vpmaddwd` with ones then widens to i32. A 64-byte panel line is two ymm of 8 channels × 4 K values.
 //!
-//! Register tile: up to 4 rows × 1 panel (16 channels) = 8 ymm accumulators.
+//! Register tile: up to 4 rows × 1 panel (16 channels) = 8 ymm accumulators; one row (decode) × a
+//! block of [`NP`] panels, read in the order they lie.
 
 use std::arch::x86_64::*;
 
-use super::{KC_GROUPS, STREAM_MAX_T};
+use super::{KC_GROUPS, NP, STREAM_MAX_T};
 use crate::packed::{PANEL, PackedWeights};
 
 const MR: usize = 4;
@@ -29,6 +30,10 @@ pub(super) unsafe fn gemm_panels(
 ) {
     let groups = b.groups();
     debug_assert!(groups > 0, "the dispatcher handles K < 4");
+    if t == 1 {
+        // SAFETY: the caller's contract.
+        return unsafe { row_panels(a, b, p0, p1, out, n) };
+    }
     let kc = if t <= STREAM_MAX_T { groups } else { KC_GROUPS };
     for p in p0..p1 {
         let (first, stride) = b.line_place(p);
@@ -59,6 +64,94 @@ pub(super) unsafe fn gemm_panels(
                 r += mr;
             }
             g0 = g1;
+        }
+    }
+}
+
+/// One row of A (decode) against panels `[p0, p1)`: each whole block of [`NP`] panels at once, its
+/// lines in the order they lie (the block's panels side by side, group after group), so that B
+/// streams from memory front to back; panels of a block cut by `p0` or `p1` one at a time.
+///
+/// # Safety
+/// As [`gemm_panels`] with `t == 1`.
+#[target_feature(enable = "avx2")]
+unsafe fn row_panels(a: &[u8], b: &PackedWeights, p0: usize, p1: usize, out: *mut i32, n: usize) {
+    let panels = b.panels();
+    let mut p = p0;
+    while p < p1 {
+        let width = NP.min(panels - p / NP * NP);
+        let whole = p.is_multiple_of(NP) && p + width <= p1;
+        let (first, _) = b.line_place(p);
+        let step = if whole { width } else { 1 };
+        let row = Row {
+            a: a.as_ptr(),
+            // SAFETY: `first` is the index of a line of `b` (p < panels, groups > 0).
+            lines: unsafe { b.lines().as_ptr().add(first) }.cast(),
+            stride: width,
+            groups: b.groups(),
+            out,
+            n,
+        };
+        // SAFETY: panels p..p + step lie in one block, below p1 ≤ panels; the caller's contract
+        // covers the rest.
+        unsafe {
+            match step {
+                4 => row_micro::<4>(&row, p),
+                3 => row_micro::<3>(&row, p),
+                2 => row_micro::<2>(&row, p),
+                _ => row_micro::<1>(&row, p),
+            }
+        }
+        p += step;
+    }
+}
+
+/// [`row_panels`]' operands: `lines` points at the first panel's group-0 line; group g's lines are
+/// `stride` lines on, the block's next panels right after.
+struct Row {
+    a: *const u8,
+    lines: *const __m256i,
+    stride: usize,
+    groups: usize,
+    out: *mut i32,
+    n: usize,
+}
+
+/// The row against `W` panels of one block from panel `p`, over every group: 2·W accumulators.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn row_micro<const W: usize>(row: &Row, p: usize) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_si256(); 2]; W];
+    // SAFETY: g < groups and each of the W panels lies in the block (see `row_panels`): every line
+    // read is inside `b`, and every A read (4 bytes at 4g ≤ kmain − 4) inside the row.
+    unsafe {
+        for g in 0..row.groups {
+            let quad = row.a.add(4 * g).cast::<i32>().read_unaligned();
+            let av = _mm256_set1_epi32(quad);
+            let mag = _mm256_abs_epi8(av);
+            let line = row.lines.add(2 * g * row.stride);
+            for (j, acc) in acc.iter_mut().enumerate() {
+                for (h, c) in acc.iter_mut().enumerate() {
+                    let bv = _mm256_load_si256(line.add(2 * j + h));
+                    let pairs = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(bv, av));
+                    *c = _mm256_add_epi32(*c, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for (h, v) in acc.iter().enumerate() {
+                let col0 = (p + j) * PANEL + 8 * h;
+                if col0 >= row.n {
+                    break;
+                }
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), *v);
+                let dst = row.out.add(col0);
+                for (c, v) in lanes.iter().take(8.min(row.n - col0)).enumerate() {
+                    *dst.add(c) = *v;
+                }
+            }
         }
     }
 }
