@@ -254,6 +254,29 @@ impl PackedWeights {
         out[kmain..].copy_from_slice(&self.tail()[col * rest..(col + 1) * rest]);
     }
 
+    /// `Σ_k qa[k] · qb[16p + c][k]` for the 16 columns `c` of panel `p` (0 past N): the scalar
+    /// reference over the packed layout, in plain loops (each line read once for all 16 columns,
+    /// which is what an audit of several cells of one panel needs).
+    pub(crate) fn panel_sums(&self, p: usize, qa: &[i8]) -> [i32; PANEL] {
+        let kmain = self.kmain();
+        let (first, stride) = self.line_place(p);
+        let lines = self.lines().get(first..).unwrap_or_default();
+        let mut sums = panel_sums(lines, stride, &qa[..kmain]);
+        let rest = self.k - kmain;
+        if rest > 0 {
+            let tail = self.tail();
+            for (c, sum) in sums.iter_mut().enumerate() {
+                let col = p * PANEL + c;
+                if col >= self.n {
+                    break;
+                }
+                let qb = &tail[col * rest..(col + 1) * rest];
+                *sum += crate::reference_cell(&qa[kmain..], qb);
+            }
+        }
+        sums
+    }
+
     /// The weights as plain row-major i8 (`n × k`) and their scales, for a backend that uploads its
     /// own layout.
     pub fn to_quantized(&self) -> Quantized {
@@ -305,6 +328,24 @@ impl PackedWeights {
     /// `128 · Σ_{k < kmain} qb[n][k]`, padded with zeros to whole panels.
     pub(crate) fn corr(&self) -> &[i32] {
         self.corr.get()
+    }
+}
+
+simd_versions! {
+    /// [`PackedWeights::panel_sums`] over the grouped part of K: `lines` from the panel's group-0
+    /// line, group g's line `stride` lines on; `qa` the grouped part of A's row.
+    fn panel_sums(lines: &[Line], stride: usize, qa: &[i8]) -> [i32; PANEL] {
+        let mut sums = [0i32; PANEL];
+        for (quad, line) in qa.chunks_exact(4).zip(lines.iter().step_by(stride)) {
+            for (sum, b) in sums.iter_mut().zip(line.0.chunks_exact(4)) {
+                *sum += quad
+                    .iter()
+                    .zip(b)
+                    .map(|(&x, &y)| i32::from(x) * i32::from(y))
+                    .sum::<i32>();
+            }
+        }
+        sums
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::backend::{Backend, Rhs, check_shapes};
-use crate::packed::PackedWeights;
+use crate::packed::{PANEL, PackedWeights};
 use crate::quant::{Quantized, quantize_rows};
 use crate::{Error, Operand, gemm, quant};
 
@@ -98,7 +98,8 @@ pub fn audit(
 /// order is the one reported.
 #[derive(Debug)]
 pub struct LiveAudit {
-    /// The cells, by column (a column shared by several cells is gathered once).
+    /// The cells, by panel of 16 columns, then row, then column (the cells of one panel and row
+    /// are recomputed together).
     cells: Vec<Cell>,
     /// The first disagreement found so far: (seeded index, got, expected).
     first: Mutex<Option<(usize, i32, i32)>>,
@@ -138,7 +139,7 @@ impl LiveAudit {
                     }
                 })
                 .collect();
-            picks.sort_by_key(|c| c.col);
+            picks.sort_by_key(|c| (c.col / PANEL, c.row, c.col));
         }
         Self {
             cells: picks,
@@ -161,14 +162,22 @@ impl LiveAudit {
         (c0, c1): (usize, usize),
         acc: impl Fn(usize, usize) -> i32,
     ) {
-        let from = self.cells.partition_point(|c| c.col < c0);
-        let to = self.cells.partition_point(|c| c.col < c1);
-        if from < to {
-            self.check(a, b, self.cells[from..to].iter(), acc);
+        let from = self.cells.partition_point(|c| c.col / PANEL < c0 / PANEL);
+        let to = self
+            .cells
+            .partition_point(|c| c.col / PANEL < c1.div_ceil(PANEL));
+        let mut inside = self.cells[from..to]
+            .iter()
+            .filter(|c| (c0..c1).contains(&c.col))
+            .peekable();
+        if inside.peek().is_some() {
+            self.check(a, b, inside, acc);
         }
     }
 
-    /// Recompute `cells` (in column order) and keep the first disagreement.
+    /// Recompute `cells` (in their order) and keep the first disagreement. Packed weights: the
+    /// reference sums of a whole panel per row at once (a cell's panel is read once, not once per
+    /// cell); an activation: the reference dot product of the two rows.
     fn check<'c>(
         &self,
         a: &Quantized,
@@ -176,15 +185,25 @@ impl LiveAudit {
         cells: impl Iterator<Item = &'c Cell>,
         acc: impl Fn(usize, usize) -> i32,
     ) {
-        let mut qb = vec![0i8; b.k()];
-        let mut gathered = usize::MAX;
         let mut first: Option<(usize, i32, i32)> = None;
+        // Packed weights: (panel, row) of the sums held.
+        let mut panel: Option<((usize, usize), [i32; PANEL])> = None;
         for cell in cells {
-            if cell.col != gathered {
-                b.write_row(cell.col, &mut qb);
-                gathered = cell.col;
-            }
-            let expected = reference_cell(a.row(cell.row), &qb);
+            let expected = match b {
+                Rhs::Weights(w) => {
+                    let at = (cell.col / PANEL, cell.row);
+                    let sums = match panel {
+                        Some((held, sums)) if held == at => sums,
+                        _ => {
+                            let sums = w.panel_sums(at.0, a.row(cell.row));
+                            panel = Some((at, sums));
+                            sums
+                        }
+                    };
+                    sums[cell.col % PANEL]
+                }
+                Rhs::Activation(q) => reference_cell(a.row(cell.row), q.row(cell.col)),
+            };
             let got = acc(cell.row, cell.col);
             if got != expected && first.is_none_or(|(j, ..)| cell.index < j) {
                 first = Some((cell.index, got, expected));
@@ -216,12 +235,13 @@ impl LiveAudit {
             .filter(|c| !c.checked.load(Ordering::Relaxed))
             .collect();
         let read = |row: usize, col: usize| acc[row * n + col];
-        // Long rows: the cells on two threads (after a decode GEMM the audited panels are out in
-        // the last-level cache, and gathering them is most of the audit's time).
-        if b.k() >= AUDIT_PARALLEL_MIN_K && left.len() >= 2 {
-            crate::pool::for_each_chunk(2, |h| {
-                self.check(a, b, left.iter().skip(h).step_by(2).copied(), read)
-            });
+        // Long rows: the first panel's cells and the rest's on two threads (after a decode GEMM
+        // the audited panels are out in the last-level cache, and reading them is most of the
+        // audit's time).
+        let split = left.partition_point(|c| c.col / PANEL == left[0].col / PANEL);
+        if b.k() >= AUDIT_PARALLEL_MIN_K && split < left.len() {
+            let halves = [&left[..split], &left[split..]];
+            crate::pool::for_each_chunk(2, |h| self.check(a, b, halves[h].iter().copied(), read));
         } else {
             self.check(a, b, left.into_iter(), read);
         }
