@@ -829,3 +829,31 @@ fn weights_read_ahead_may_be_dropped_at_once() {
         assert_eq!(first_diff(&got, &want), None, "round {round}");
     }
 }
+
+/// Products with an activation B at the few rows where each cell is one dot product of two rows
+/// (attention at decode and in short chunks): every row count up to the cut-over, K around the
+/// 32-value step, and runs of B rows around the eight taken at once.
+#[test]
+fn row_by_row_products_equal_the_reference() {
+    for t in 1..=9 {
+        for k in [1, 3, 23, 31, 32, 33, 64, 65, 100] {
+            for n in [1, 7, 8, 9, 23] {
+                let seed = (t * 10_000 + k * 100 + n) as u64;
+                let qa = quantize_rows(&matrix(seed, t, k), t, k).unwrap();
+                let qb = quantize_rows(&matrix(seed ^ 0x5A5A, n, k), n, k).unwrap();
+                let mut want = vec![0; t * n];
+                reference_i32(&qa, Rhs::Activation(&qb), &mut want).unwrap();
+                for be in backends() {
+                    let mut got = vec![0; t * n];
+                    be.gemm_i32(&qa, Rhs::Activation(&qb), &mut got).unwrap();
+                    assert_eq!(
+                        first_diff(&got, &want),
+                        None,
+                        "{} t={t} k={k} n={n}: (cell, got, want)",
+                        be.name()
+                    );
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{KC_GROUPS, NP, STREAM_MAX_T};
+use super::{KC_GROUPS, NP, PREFETCH_GROUPS, STREAM_MAX_T};
 use crate::packed::{PANEL, PackedWeights};
 
 const MR: usize = 4;
@@ -126,7 +126,21 @@ unsafe fn row_micro<const W: usize>(row: &Row, p: usize) {
     // SAFETY: g < groups and each of the W panels lies in the block (see `row_panels`): every line
     // read is inside `b`, and every A read (4 bytes at 4g ≤ kmain − 4) inside the row.
     unsafe {
+        // B streams from memory: ask for the first lines at once, then keep requests a fixed
+        // distance ahead of the loads; non-temporal, as the AVX-512 kernel's (each line is used
+        // once a token, and what the rest of the token comes back to stays in L2 and L3).
+        let ahead = |g: usize| {
+            for j in 0..W {
+                _mm_prefetch::<_MM_HINT_NTA>(row.lines.add(2 * (g * row.stride + j)).cast());
+            }
+        };
+        for g in 0..PREFETCH_GROUPS.min(row.groups) {
+            ahead(g);
+        }
         for g in 0..row.groups {
+            if g + PREFETCH_GROUPS < row.groups {
+                ahead(g + PREFETCH_GROUPS);
+            }
             let quad = row.a.add(4 * g).cast::<i32>().read_unaligned();
             let av = _mm256_set1_epi32(quad);
             let mag = _mm256_abs_epi8(av);

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{KC_GROUPS, MR, NP, STREAM_MAX_T};
+use super::{KC_GROUPS, MR, NP, PREFETCH_GROUPS, STREAM_MAX_T};
 use crate::packed::{PANEL, PackedWeights};
 
 /// See [`super::gemm_panels`]; `a` holds `qa + 128` as u8.
@@ -96,9 +96,6 @@ struct At {
     g0: usize,
     g1: usize,
 }
-
-/// Groups ahead that a decode tile asks for B.
-const PREFETCH_GROUPS: usize = 16;
 
 macro_rules! dispatch_np {
     ($tile:expr, $m:literal, $np:expr, $at:expr) => {

@@ -68,6 +68,9 @@ pub(crate) const MR: usize = 6;
 /// Panels in the widest register tile; work is cut in multiples of it.
 pub(crate) const NP: usize = 4;
 
+/// Groups ahead that a decode tile asks for B.
+pub(crate) const PREFETCH_GROUPS: usize = 16;
+
 /// Rows of A up to which K is not blocked (decode streams B once, front to back).
 pub(crate) const STREAM_MAX_T: usize = 4;
 
