@@ -139,7 +139,7 @@ impl LiveAudit {
                     }
                 })
                 .collect();
-            picks.sort_by_key(|c| (c.col / PANEL, c.row, c.col));
+            picks.sort_unstable_by_key(|c| (c.col / PANEL, c.row, c.col));
         }
         Self {
             cells: picks,

@@ -159,12 +159,7 @@ unsafe fn row_micro<const W: usize>(row: &Row, p: usize) {
                 if col0 >= row.n {
                     break;
                 }
-                let mut lanes = [0i32; 8];
-                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), *v);
-                let dst = row.out.add(col0);
-                for (c, v) in lanes.iter().take(8.min(row.n - col0)).enumerate() {
-                    *dst.add(c) = *v;
-                }
+                store_lanes(row.out.add(col0), *v, 8.min(row.n - col0), false);
             }
         }
     }
@@ -216,13 +211,26 @@ unsafe fn micro<const M: usize>(tile: &Tile, r: usize, p: usize, g0: usize, g1: 
             let valid = 8.min(tile.n - col0);
             for (i, row) in acc.iter().enumerate() {
                 let dst = tile.out.add((r + i) * tile.n + col0);
-                let mut lanes = [0i32; 8];
-                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), row[h]);
-                for (c, v) in lanes.iter().take(valid).enumerate() {
-                    let d = dst.add(c);
-                    *d = if first { *v } else { (*d).wrapping_add(*v) };
-                }
+                store_lanes(dst, row[h], valid, !first);
             }
+        }
+    }
+}
+
+/// The first `valid` i32 lanes of `v` to `dst`, written (`add`: added to what is there, wrapping).
+///
+/// # Safety
+/// `dst` must point to `valid ≤ 8` writable i32 that no other thread touches.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn store_lanes(dst: *mut i32, v: __m256i, valid: usize, add: bool) {
+    let mut lanes = [0i32; 8];
+    // SAFETY: `lanes` is 8 i32; the caller's contract covers `dst`.
+    unsafe {
+        _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v);
+        for (c, v) in lanes.iter().take(valid).enumerate() {
+            let d = dst.add(c);
+            *d = if add { (*d).wrapping_add(*v) } else { *v };
         }
     }
 }

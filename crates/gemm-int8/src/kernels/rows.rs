@@ -104,14 +104,7 @@ unsafe fn rows_dot_avx512(
             let h = acc.map(|z| {
                 _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
             });
-            let u0 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
-            let u1 =
-                _mm256_hadd_epi32(_mm256_hadd_epi32(h[4], h[5]), _mm256_hadd_epi32(h[6], h[7]));
-            let sums = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(u0, u1),
-                _mm256_permute2x128_si256::<0x31>(u0, u1),
-            );
+            let sums = sum_across(h);
             // SAFETY: cells (r, c..c + m) lie inside the caller's columns of `out`; the mask
             // stores only those.
             unsafe { _mm256_mask_storeu_epi32(out.add(r * n + c), ((1u16 << m) - 1) as u8, sums) };
@@ -179,26 +172,24 @@ unsafe fn rows_dot_avx2(
             if main < k {
                 step(&mut acc, a_tail, rows.map(padded));
             }
-            let u0 = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(acc[0], acc[1]),
-                _mm256_hadd_epi32(acc[2], acc[3]),
-            );
-            let u1 = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(acc[4], acc[5]),
-                _mm256_hadd_epi32(acc[6], acc[7]),
-            );
-            let sums = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(u0, u1),
-                _mm256_permute2x128_si256::<0x31>(u0, u1),
-            );
-            let mut lanes = [0i32; 8];
-            // SAFETY: `lanes` is 8 i32.
-            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sums) };
-            for (j, v) in lanes.iter().take(m).enumerate() {
-                // SAFETY: cell (r, c + j) lies inside the caller's columns of `out`.
-                unsafe { *out.add(r * n + c + j) = *v };
-            }
+            // SAFETY: cells (r, c..c + m) lie inside the caller's columns of `out`.
+            unsafe { super::avx2::store_lanes(out.add(r * n + c), sum_across(acc), m, false) };
             c += m;
         }
     }
+}
+
+/// Eight vectors of eight i32 lanes each to the sum of each vector's lanes, in order: one
+/// transposing `vphaddd` tree (the reduction both row kernels end a run of eight B rows with).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sum_across(h: [std::arch::x86_64::__m256i; 8]) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(h[0], h[1]), _mm256_hadd_epi32(h[2], h[3]));
+    let u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(h[4], h[5]), _mm256_hadd_epi32(h[6], h[7]));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(u0, u1),
+        _mm256_permute2x128_si256::<0x31>(u0, u1),
+    )
 }
