@@ -15,7 +15,10 @@
 //   correctly rounded f32 result for +, -, * (53 >= 2 * 24 + 2).
 // - No algebra on the driver's side. Drivers reassociate float operations that SPIR-V does not
 //   mark exact (Mesa folds `(a + 2^52) - 2^52` to `a`): a rounding the CPU does by adding and
-//   removing a constant is `round` (ties to even) here.
+//   removing a constant is done the same way here with the sum behind `g` (`round_even`).
+// - No rounding to an integer of the driver's: the built-in `round` is not trusted with ties
+//   (Mesa 22.3's lavapipe on an AVX2 host without AVX-512 rounds every f64 x.5 toward zero, so
+//   a quantized 75.5 came out 75 where the contract's ties to even give 76).
 // - No division or square root of the driver's on trust (their precision is not specified):
 //   `div_rn` and `sqrt_rn` take the driver's result as a first guess, refine it by one Newton step,
 //   compute the exact remainder with Dekker's product (guarded: no fused multiply-add needed), and
@@ -27,6 +30,15 @@ var<private> one: f64;
 // A product rounded on its own (see the first rule): `x`, as `one` (1.0) is never negative.
 fn g(x: f64) -> f64 {
     return select(x, -x, one < 0.0lf);
+}
+
+// 1.5 * 2^52: adding it rounds an f64 of magnitude below 2^51 to an integer, ties to even.
+const ROUND_SHIFTER: f64 = 6755399441055744.0lf;
+
+// v rounded to an integer, ties to even, for |v| < 2^51: by the shifter, as the CPU does, the sum
+// behind `g` so that no compiler cancels the pair.
+fn round_even(v: f64) -> f64 {
+    return g(v + ROUND_SHIFTER) - ROUND_SHIFTER;
 }
 
 // 2^k for |k| <= 1023, exactly (`ldexp` scales by a power of two without rounding).
@@ -56,7 +68,7 @@ fn narrow(v: f64) -> u32 {
     }
     // Subnormal result: the integer multiple of 2^-149 nearest to |v|, ties to even (|v| * 2^149
     // < 2^23 is exact).
-    let m = round(a * pow2(149));
+    let m = round_even(a * pow2(149));
     return select(0u, 0x80000000u, v < 0.0lf) | u32(m);
 }
 
@@ -170,10 +182,8 @@ fn sqrt_rn(x: f64) -> f64 {
 // adds in the same order, each rounded alone; returns the f64 before the f32 rounding.
 fn exp_f64(x0: f64) -> f64 {
     let x = min(max(x0, EXP_LO), EXP_HI);
-    // The CPU rounds x * log2(e) to an integer, ties to even, by adding and removing 1.5 * 2^52;
-    // `round` is the same, and a compiler may not cancel it (Mesa's NIR folds `(a + C) - C` to
-    // `a` in an instruction not marked exact, and naga marks none).
-    let k = round(g(x * EXP_LOG2E));
+    // The CPU rounds x * log2(e) to an integer, ties to even, by adding and removing 1.5 * 2^52.
+    let k = round_even(g(x * EXP_LOG2E));
     let r = (x - g(k * EXP_LN2_HI)) - g(k * EXP_LN2_LO);
     var p = EXP_C13;
     p = g(p * r) + EXP_C12;
@@ -221,5 +231,5 @@ fn quantize1(v: u32, inv: u32) -> i32 {
         }
         return select(127, -127, p < 0.0lf);
     }
-    return i32(clamp(round(p), -127.0lf, 127.0lf));
+    return i32(clamp(round_even(p), -127.0lf, 127.0lf));
 }

@@ -122,6 +122,16 @@ fn sqrt_f64(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     store64(i, sqrt_rn(load64(0u, i)));
 }
 
+// One int8 of the row quantization from v's bits (A) and the row's 127 / max (B), as i32 bits.
+@compute @workgroup_size(256)
+fn quantize_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let i = start(gid, groups);
+    if i >= P.n {
+        return;
+    }
+    O[i] = bitcast<u32>(quantize1(A[i], B[i]));
+}
+
 @compute @workgroup_size(256)
 fn div_f32(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let i = start(gid, groups);

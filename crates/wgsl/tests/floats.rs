@@ -125,6 +125,82 @@ fn exp_equals_the_contracts_on_every_lane() {
     eprintln!("exp_f32: {} arguments, all equal to the CPU's", xs.len());
 }
 
+/// Values of rows quantized against their row's max: (v, the row's 127 / max as the contract
+/// computes it, the CPU's int8 of v from `daisy_gemm_int8::quantize_rows` of the row [max, v]).
+/// Most are ties, v * inv exactly k + 0.5 in f32 for every k in -127..=126 (a driver's own
+/// rounding to an integer may take those the wrong way); the rest are random values of the row.
+fn quantize_inputs() -> (Vec<f32>, Vec<u32>, Vec<u32>) {
+    let mut rng = Rng(19);
+    let (mut vs, mut invs, mut want) = (vec![], vec![], vec![]);
+    let mut push = |v: f32, max: f32| {
+        let q = daisy_gemm_int8::quantize_rows(&[max, v], 1, 2).unwrap();
+        vs.push(v);
+        invs.push((127f32 / max).to_bits());
+        want.push(i32::from(q.q()[1]) as u32);
+    };
+    for _ in 0..64 {
+        let max = rng.f32_in(-20, 20).abs();
+        let inv = 127f32 / max;
+        for k in -127..=126 {
+            let tie = k as f32 + 0.5;
+            let guess = tie / inv;
+            // The f32 neighbours of the quotient whose product with inv is the tie itself.
+            for d in -8i32..=8 {
+                let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
+                if v * inv == tie && v.abs() <= max {
+                    push(v, max);
+                }
+            }
+        }
+        for _ in 0..256 {
+            let u = (rng.next() >> 40) as f32 / 16_777_216.0;
+            push(max * (2.0 * u - 1.0), max);
+        }
+    }
+    (vs, invs, want)
+}
+
+/// `quantize_f32` on `lab` over [`quantize_inputs`]: the values, the GPU's words and the CPU's.
+fn quantize_run(lab: &FloatLab) -> (Vec<f32>, Vec<u32>, Vec<u32>) {
+    let (vs, invs, want) = quantize_inputs();
+    let words: Vec<u32> = vs.iter().map(|v| v.to_bits()).collect();
+    let got = lab
+        .run("quantize_f32", vs.len(), [&words, &invs, &[]])
+        .unwrap();
+    (vs, got, want)
+}
+
+#[test]
+fn quantization_rounds_ties_to_even_as_the_cpu() {
+    let Some(lab) = lab() else { return };
+    let (vs, got, want) = quantize_run(lab);
+    // The inputs must tell ties to even from ties toward zero (what lavapipe's own f64 `round`
+    // does on a host without AVX-512) and from ties away from zero.
+    let invs = quantize_inputs().1;
+    let other = |away: bool| -> Vec<u32> {
+        vs.iter()
+            .zip(&invs)
+            .map(|(v, inv)| {
+                let p = v * f32::from_bits(*inv);
+                let r = if p.fract().abs() == 0.5 {
+                    if away { p.round() } else { p.trunc() }
+                } else {
+                    p.round()
+                };
+                r.clamp(-127.0, 127.0) as i32 as u32
+            })
+            .collect()
+    };
+    for away in [false, true] {
+        assert!(
+            diff(&other(away), &want).0 > vs.len() / 8,
+            "the inputs must hold ties of both parities"
+        );
+    }
+    assert_same("quantize_f32", &vs, &got, &want);
+    eprintln!("quantize_f32: {} values, all equal to the CPU's", vs.len());
+}
+
 /// Operands for f32 `a * b + c`: subnormal products, subnormal addends, cancellation.
 fn mul_add_inputs() -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut rng = Rng(11);
@@ -432,13 +508,18 @@ fn mutants_of_the_library_are_caught() {
         ),
         (
             "subnormal results truncated",
-            "let m = round(a * pow2(149));",
+            "let m = round_even(a * pow2(149));",
             "let m = floor(a * pow2(149));",
         ),
         (
-            "k by the shifter, which a compiler may cancel",
-            "let k = round(g(x * EXP_LOG2E));",
-            "let k = (g(x * EXP_LOG2E) + 6755399441055744.0lf) - 6755399441055744.0lf;",
+            "the shifter's sum unguarded, which a compiler may cancel",
+            "return g(v + ROUND_SHIFTER) - ROUND_SHIFTER;",
+            "return (v + ROUND_SHIFTER) - ROUND_SHIFTER;",
+        ),
+        (
+            "ties rounded up",
+            "return g(v + ROUND_SHIFTER) - ROUND_SHIFTER;",
+            "return floor(v + 0.5lf);",
         ),
     ] {
         let lab = FloatLab::with_source(&mutant(from, to)).unwrap();
@@ -446,12 +527,15 @@ fn mutants_of_the_library_are_caught() {
         let exp_differs = diff(&got, &want).0;
         let (got, want) = mul_add_run(&lab);
         let mul_add_differs = diff(&got, &want).0;
+        let (_, got, want) = quantize_run(&lab);
+        let quantize_differs = diff(&got, &want).0;
         eprintln!(
-            "mutant '{what}': exp_f32 differs on {exp_differs} lanes, mul_add_f32 on {mul_add_differs}"
+            "mutant '{what}': exp_f32 differs on {exp_differs} lanes, mul_add_f32 on \
+             {mul_add_differs}, quantize_f32 on {quantize_differs}"
         );
         assert!(
-            exp_differs + mul_add_differs > 0,
-            "mutant '{what}' passed both checks"
+            exp_differs + mul_add_differs + quantize_differs > 0,
+            "mutant '{what}' passed every check"
         );
     }
 }
