@@ -180,8 +180,15 @@ fn run_layers_on_device(stage: &mut Stage, backend: &Arc<dyn Backend>) -> Result
     if !wanted || !fits {
         return Ok(());
     }
-    if let Some(layers) = daisy_wgsl::GpuLayers::new(backend.clone())? {
-        stage.set_device(Arc::new(layers))?;
+    match daisy_wgsl::GpuLayers::new(backend.clone()) {
+        Ok(Some(layers)) => stage.set_device(Arc::new(layers))?,
+        Ok(None) => {}
+        // The device's float arithmetic is not the CPU's: its products (integers, audited) are
+        // still used, the steps between them stay on the CPU.
+        Err(daisy_wgsl::Error::FloatGate(m)) => {
+            eprintln!("{m}: the stage's layers stay on the CPU, its products on the GPU")
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

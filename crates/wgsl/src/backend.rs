@@ -3,13 +3,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use daisy_gemm_int8::{Backend, BatchItem, CpuBackend, PackedWeights, Quantized, Rhs};
 
 use crate::device::Gpu;
-use crate::error::{Error, Result};
+use crate::error::{Error, FloatMismatch, Result};
 use crate::gates;
 use crate::kernel::{self, DeviceJob, DeviceRhs, GEMV_MAX_T, Kernel, Pipeline, Scratch, Tuning};
 use crate::profile::{GpuProfile, Profile};
@@ -40,6 +40,9 @@ pub struct GpuBackend {
     cpu_below: usize,
     /// How dispatches are picked and shaped.
     tuning: Tuning,
+    /// The float library's gate on this device, run once, before the first stage's layers go
+    /// onto it ([`GpuBackend::float_gate`]).
+    float_gate: OnceLock<std::result::Result<(), FloatMismatch>>,
 }
 
 /// Products of fewer multiply-adds than this run on the CPU kernels when the backend is used as a
@@ -181,11 +184,30 @@ impl GpuBackend {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(CPU_BELOW_MACS),
             tuning: Tuning::default(),
+            float_gate: OnceLock::new(),
         })
     }
 
     pub(crate) fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+
+    /// The float library's gate on this device (`floats::gate`), run on the first call; its
+    /// verdict is kept, any other error (the device's own) is returned and the next call tries
+    /// again.
+    pub(crate) fn float_gate(&self) -> Result<()> {
+        if let Some(verdict) = self.float_gate.get() {
+            return verdict.clone().map_err(Error::FloatGate);
+        }
+        let verdict = match crate::floats::gate(&self.gpu) {
+            Ok(()) => Ok(()),
+            Err(Error::FloatGate(m)) => Err(m),
+            Err(e) => return Err(e),
+        };
+        self.float_gate
+            .get_or_init(|| verdict)
+            .clone()
+            .map_err(Error::FloatGate)
     }
 
     pub(crate) fn profile_add(

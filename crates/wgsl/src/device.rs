@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 
-/// An open device with the facts the kernels need about it.
+/// An open device with the facts the kernels need about it (a clone is the same device).
+#[derive(Clone)]
 pub(crate) struct Gpu {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,

@@ -40,6 +40,10 @@ pub enum Error {
         got: i32,
         expected: i32,
     },
+    /// The float library's gate found an operation whose bits differ from the CPU's on this
+    /// device: a stage's layers must not run there.
+    #[error(transparent)]
+    FloatGate(#[from] FloatMismatch),
     /// A slice length does not match the shape it was given with.
     #[error("{operand} has {got} elements, expected {expected} for its shape")]
     ShapeMismatch {
@@ -90,6 +94,20 @@ pub enum Error {
         end: usize,
         len: usize,
     },
+}
+
+/// The first lane on which the float library's gate found the device's bits other than the CPU's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the float gate failed on adapter {adapter}: {operation} of {input} is {got:#010x} on the \
+     device, {expected:#010x} on the CPU"
+)]
+pub struct FloatMismatch {
+    pub adapter: String,
+    pub operation: &'static str,
+    pub input: String,
+    pub got: u32,
+    pub expected: u32,
 }
 
 /// `Result` with this crate's [`Error`].

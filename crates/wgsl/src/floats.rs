@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::device::Gpu;
-use crate::error::{Error, Result};
+use crate::error::{Error, FloatMismatch, Result};
 
 /// The WGSL library (the `EXP_*` constants are prepended by [`library_source`]).
 pub const FLOATS_WGSL: &str = include_str!("floats.wgsl");
@@ -100,7 +100,11 @@ impl FloatLab {
 
     /// [`FloatLab::open`] with another library body (same bindings and entry points).
     pub fn with_source(body: &str) -> Result<FloatLab> {
-        let gpu = Gpu::open()?;
+        FloatLab::on(Gpu::open()?, body)
+    }
+
+    /// The lab on an open device.
+    pub(crate) fn on(gpu: Gpu, body: &str) -> Result<FloatLab> {
         if !gpu.f64 {
             return Err(Error::MissingFeature {
                 adapter: gpu.adapter_name(),
@@ -211,6 +215,131 @@ impl FloatLab {
         self.launch(name, rows, (rows, 1), out_words, dims, inputs)
     }
 
+    /// The float library's gate (DESIGN §3.7's idea applied to the steps between the products): before
+    /// a stage's layers go onto a device, a few thousand lanes of each operation the layer kernels rest
+    /// on run there against the CPU's bits: the contract's exponential over the softmax's and SiLU's
+    /// ranges, the row quantization on ties of both parities (a driver's own `round` may take ties
+    /// its own way: Mesa 22.3's lavapipe does on a host without AVX-512), f32 products and sums each
+    /// rounded alone with subnormals (a driver may fuse or flush), the f32 quotient and RMSNorm's
+    /// scale. The first lane that differs is the error.
+    pub fn gate(&self) -> Result<()> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut unit = move || (daisy_gemm_int8::splitmix(&mut state) >> 40) as f32 / 16_777_216.0;
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let differs = |operation: &'static str,
+                       got: Vec<u32>,
+                       want: &[u32],
+                       input: &dyn Fn(usize) -> String|
+         -> Result<()> {
+            match got.iter().zip(want).position(|(g, w)| g != w) {
+                None => Ok(()),
+                Some(i) => Err(Error::FloatGate(FloatMismatch {
+                    adapter: self.gpu.adapter_name(),
+                    operation,
+                    input: input(i),
+                    got: got[i],
+                    expected: want[i],
+                })),
+            }
+        };
+
+        // e^x: the softmax's arguments (subnormal results below -87.3), SiLU's, and the edges.
+        let mut xs: Vec<f32> = vec![
+            0.0, -0.0, -87.34, -103.97, -104.5, 88.72, 88.73, -1e30, 1e30,
+        ];
+        for _ in 0..2048 {
+            let u = unit();
+            xs.extend([-110.0 * u, 40.0 * u - 20.0]);
+        }
+        let want: Vec<u32> = xs.iter().map(|&x| daisy_model::exp(x).to_bits()).collect();
+        let got = self.run("exp_f32", xs.len(), [&bits(&xs), &[], &[]])?;
+        differs("exp", got, &want, &|i| format!("{:e}", xs[i]))?;
+
+        // The quantization of one value against its row's max: every tie k + 0.5, then random values.
+        let (mut vs, mut invs, mut want) = (vec![], vec![], vec![]);
+        for max in [0.75f32, 3.3, 1234.5] {
+            let inv = 127f32 / max;
+            let mut push = |v: f32| {
+                if let Ok(q) = daisy_gemm_int8::quantize_rows(&[max, v], 1, 2) {
+                    vs.push(v);
+                    invs.push(inv.to_bits());
+                    want.push(i32::from(q.q()[1]) as u32);
+                }
+            };
+            for k in -127..=126 {
+                let tie = k as f32 + 0.5;
+                let guess = tie / inv;
+                for d in -4i32..=4 {
+                    let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
+                    if v * inv == tie && v.abs() <= max {
+                        push(v);
+                    }
+                }
+            }
+            for _ in 0..256 {
+                push(max * (2.0 * unit() - 1.0));
+            }
+        }
+        let got = self.run("quantize_f32", vs.len(), [&bits(&vs), &invs, &[]])?;
+        differs("quantization", got, &want, &|i| {
+            format!("{:e} at 127/max = {:e}", vs[i], f32::from_bits(invs[i]))
+        })?;
+
+        // f32 a * b + c, each rounded alone: products near and below the subnormal range, and addends
+        // that cancel the product down to its last bits (a fused multiply-add differs there).
+        let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
+        for i in 0..2048 {
+            let x = (unit() + 0.5) * 2f32.powi(-60 - (i % 12));
+            let y = (unit() + 0.5) * 2f32.powi(-60 - (i % 9));
+            let cancel = if i % 2 == 0 {
+                -(x * y) * (1.0 + unit() * 1e-6)
+            } else {
+                unit() * 1e-36
+            };
+            a.push(x);
+            b.push(y);
+            c.push(cancel);
+            let (x, y) = (unit() * 8.0 - 4.0, unit() * 8.0 - 4.0);
+            a.push(x);
+            b.push(y);
+            c.push(-(x * y) * (1.0 + (unit() - 0.5) * 1e-5));
+        }
+        let want: Vec<u32> = (0..a.len())
+            .map(|i| (a[i] * b[i] + c[i]).to_bits())
+            .collect();
+        let got = self.run("mul_add_f32", a.len(), [&bits(&a), &bits(&b), &bits(&c)])?;
+        differs("f32 a * b + c", got, &want, &|i| {
+            format!("{:e} * {:e} + {:e}", a[i], b[i], c[i])
+        })?;
+
+        // The f32 quotient (short divisors make exact quotients and ties) and RMSNorm's row scale.
+        let x: Vec<f32> = (0..2048).map(|_| (unit() - 0.5) * 1e4).collect();
+        let y: Vec<f32> = (0..2048)
+            .map(|i| match i % 3 {
+                0 => (unit() * 300.0).round().max(1.0),
+                _ => (unit() + 0.01) * 50.0,
+            })
+            .collect();
+        let want: Vec<u32> = x.iter().zip(&y).map(|(p, q)| (p / q).to_bits()).collect();
+        let got = self.run("div_f32", x.len(), [&bits(&x), &bits(&y), &[]])?;
+        differs("f32 a / b", got, &want, &|i| {
+            format!("{:e} / {:e}", x[i], y[i])
+        })?;
+        let ms: Vec<f64> = (0..2048)
+            .map(|_| f64::from(unit()) * 2f64.powi(-20) * 4e6)
+            .collect();
+        let eps: Vec<f32> = (0..ms.len()).map(|i| [1e-5, 1e-6, 1e-12][i % 3]).collect();
+        let want: Vec<u32> = ms
+            .iter()
+            .zip(&eps)
+            .map(|(m, e)| ((1.0 / (m + f64::from(*e)).sqrt()) as f32).to_bits())
+            .collect();
+        let got = self.run("inv_rms", ms.len(), [&f64_words(&ms), &bits(&eps), &[]])?;
+        differs("RMSNorm's 1 / sqrt(ms + eps)", got, &want, &|i| {
+            format!("ms = {:e}, eps = {:e}", ms[i], eps[i])
+        })
+    }
+
     fn launch(
         &self,
         name: &str,
@@ -305,6 +434,11 @@ impl FloatLab {
         readback.unmap();
         Ok(words)
     }
+}
+
+/// [`FloatLab::gate`] of the library on `gpu`.
+pub(crate) fn gate(gpu: &Gpu) -> Result<()> {
+    FloatLab::on(gpu.clone(), FLOATS_WGSL)?.gate()
 }
 
 /// f64 values as the words `FloatLab::run` takes (two a value, low first).

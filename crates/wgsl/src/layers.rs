@@ -1027,7 +1027,9 @@ fn model_err(what: &str, e: impl std::fmt::Display) -> daisy_model::Error {
 
 impl GpuLayers {
     /// The layers of a stage whose products run on `backend`: `None` unless it is a
-    /// [`GpuBackend`] whose device has 64-bit floats in shaders (the row kernels need them).
+    /// [`GpuBackend`] whose device has 64-bit floats in shaders (the row kernels need them);
+    /// [`Error::FloatGate`] where the device's float arithmetic fails the float library's gate
+    /// (the layers must then stay on the CPU).
     pub fn new(backend: Arc<dyn Backend>) -> Result<Option<GpuLayers>> {
         GpuLayers::with_source(backend, LAYER_WGSL)
     }
@@ -1046,6 +1048,7 @@ impl GpuLayers {
         if !gpu.f64 {
             return Ok(None);
         }
+        gpu_backend.float_gate()?;
         let pipes = Pipes::new(gpu, gpu_backend.kernel_source(), layer_source)?;
         Ok(Some(GpuLayers {
             backend,

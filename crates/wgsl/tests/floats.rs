@@ -539,3 +539,49 @@ fn mutants_of_the_library_are_caught() {
         );
     }
 }
+
+#[test]
+fn the_float_gate_passes_the_library_and_refuses_its_mutants() {
+    let Some(lab) = lab() else { return };
+    let start = std::time::Instant::now();
+    lab.gate().unwrap();
+    eprintln!("the gate passed the library in {:?}", start.elapsed());
+    // Each mutant is a way a driver could compute other bits; the gate must refuse it by the
+    // operation where it shows first.
+    for (what, from, to, operation) in [
+        (
+            "ties taken toward zero (lavapipe's own f64 round on AVX2)",
+            "return g(v + ROUND_SHIFTER) - ROUND_SHIFTER;",
+            "return trunc(v + select(0.5lf, -0.5lf, v < 0.0lf) * (1.0lf - pow2(-53)));",
+            "quantization",
+        ),
+        (
+            "no guard (products may fuse, the shifter's pair cancel)",
+            "return select(x, -x, one < 0.0lf);",
+            "return x;",
+            "exp",
+        ),
+        (
+            "subnormals flushed on widening",
+            "let v = f64(mag) * pow2(-149);",
+            "let v = f64(mag) * 0.0lf;",
+            "f32 a * b + c",
+        ),
+        (
+            "a quotient 2^-26 off, past what the last steps correct",
+            "q = q + remainder(a, q, b) / b;",
+            "q = q * (1.0lf + pow2(-26));",
+            "f32 a / b",
+        ),
+    ] {
+        let mutant = FloatLab::with_source(&mutant(from, to)).unwrap();
+        match mutant.gate() {
+            Err(Error::FloatGate(m)) => {
+                eprintln!("mutant '{what}': {m}");
+                assert_eq!(m.operation, operation, "mutant '{what}'");
+                assert!(m.got != m.expected);
+            }
+            other => panic!("mutant '{what}' was not refused by name: {other:?}"),
+        }
+    }
+}
