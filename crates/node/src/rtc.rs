@@ -243,8 +243,9 @@ impl Outbox {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
+                    let why = format!("{e:#}");
                     fail(&self.failed, &self.on_error, e);
-                    bail!("the link failed");
+                    bail!("the link failed: {why}");
                 }
             }
         }

@@ -1550,9 +1550,9 @@ impl Ring<'_> {
                 // The lap's clock starts before the send: the first member, woken by it, may
                 // take this thread's core before `sendto` returns, and its step is the lap's.
                 let left = Instant::now();
-                if to_ring.send_blocking(sent.bytes).is_err() {
+                if let Err(e) = to_ring.send_blocking(sent.bytes) {
                     let device = first.clone().unwrap_or_default();
-                    *culprit.borrow_mut() = Some((device, "the link to it closed".into()));
+                    *culprit.borrow_mut() = Some((device, format!("{e:#}")));
                     return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
                 }
                 outstanding.push_back((header, left, head_ms));

@@ -429,6 +429,13 @@ type Failed = (u64, String);
 /// The largest activation the link's thread runs itself (see [`start_epoch`]): one frame.
 const INLINE_MAX_BYTES: usize = 64 << 10;
 
+/// A step runs on the link's thread only if the one before it took at most this long: while a
+/// step runs there the link reads nothing and answers no connectivity check, and a peer that
+/// hears nothing for 2.5 s takes the connection for dead. A first step (a GPU's shaders compiled
+/// on first use: seconds on a software rasterizer), or a stage that is slow on its device, runs
+/// on the compute thread, with the link answering meanwhile.
+const INLINE_MAX_STEP: std::time::Duration = std::time::Duration::from_millis(100);
+
 #[allow(clippy::too_many_arguments)]
 fn start_epoch(
     epoch: u64,
@@ -468,10 +475,11 @@ fn start_epoch(
         })?;
     {
         // A decode-sized activation runs on the link's thread the moment it is whole, when nothing
-        // is queued before it: handing it to the compute thread cost a thread wake-up, about 50
-        // µs a hop on this kind of host (the compute thread sleeps on a halted virtual CPU). A
-        // larger one (a prefill chunk) goes to the compute thread, so the link keeps reading
-        // while it runs. A closed link ends quietly (the head notices the lap that does not come
+        // is queued before it and the last step was quick (`INLINE_MAX_STEP`): handing it to the
+        // compute thread cost a thread wake-up, about 50 µs a hop on this kind of host (the
+        // compute thread sleeps on a halted virtual CPU). A larger one (a prefill chunk), the
+        // first, and any after a slow step go to the compute thread, so the link keeps reading
+        // and answering while it runs. A closed link ends quietly (the head notices the lap that does not come
         // back); a refused frame ends the member with the refusal.
         let input_tx = input_tx.clone();
         // The GEMM workers, parked since the last step, get up while the activation is decrypted.
@@ -481,6 +489,7 @@ fn start_epoch(
                 if bytes.len() <= INLINE_MAX_BYTES
                     && pending.load(Ordering::Acquire) == 0
                     && let Ok(mut runner) = runner.try_lock()
+                    && runner.quick()
                 {
                     runner.input(Input::Activation(bytes));
                     return;
@@ -884,6 +893,8 @@ struct Stepper {
     out: rtc::Outbox,
     hops: mpsc::Sender<HopRecord>,
     times: StepTimes,
+    /// How long the last step took (none yet: `None`).
+    last: Option<std::time::Duration>,
     #[cfg(feature = "test-hooks")]
     bad: Option<crate::test_hooks::BadFrame>,
 }
@@ -891,8 +902,12 @@ struct Stepper {
 impl Stepper {
     fn step(&mut self, bytes: &[u8], turn: u64, cached: bool) -> Result<()> {
         let t0 = std::time::Instant::now();
+        #[cfg(feature = "test-hooks")]
+        crate::test_hooks::slow_first_step(self.last.is_none());
         let sent = self.member.step(bytes, cached)?;
-        self.times.record(turn, self.index, t0.elapsed());
+        let took = t0.elapsed();
+        self.last = Some(took);
+        self.times.record(turn, self.index, took);
         // The lap moves on to the next device: no GEMM here until it comes round again.
         daisy_gemm_int8::rest();
         if let Some(hop) = &sent.hop {
@@ -939,12 +954,19 @@ impl Runner {
                 out,
                 hops,
                 times,
+                last: None,
                 #[cfg(feature = "test-hooks")]
                 bad: crate::test_hooks::BadFrame::from_env(),
             },
             fail,
             failed: false,
         }
+    }
+
+    /// Whether the last step was quick enough for the next to run on the link's thread
+    /// ([`INLINE_MAX_STEP`]).
+    fn quick(&self) -> bool {
+        self.stepper.last.is_some_and(|d| d <= INLINE_MAX_STEP)
     }
 
     /// Take one input; a failure is reported once, after which inputs are dropped.
