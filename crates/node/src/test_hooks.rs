@@ -11,8 +11,8 @@
 //!   report a mismatch: the mutation of the KV-reuse test.
 //! - `DAISY_TEST_KILL_AT_FETCHED=PERCENT`: a member kills itself (SIGKILL: no destructor, no
 //!   handler runs) once that share of its layers' bytes is fetched — a crash mid-download.
-//! - `DAISY_TEST_SLOW_FIRST_STEP=MS`: a member's first step takes MS milliseconds longer (a GPU
-//!   that compiles its shaders on first use), so the link it came on must go on answering.
+//! - `DAISY_TEST_SLOW_STEPS=MS`: a member's first two steps each take MS milliseconds longer (a
+//!   GPU that compiles its shaders on first use), so the link they came on must go on answering.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -224,16 +224,17 @@ pub(crate) fn kill_at(done: u64, total: u64) {
     }
 }
 
-/// Sleep `$DAISY_TEST_SLOW_FIRST_STEP` milliseconds before a member's first step.
-pub(crate) fn slow_first_step(first: bool) {
-    if !first {
-        return;
-    }
-    if let Some(ms) = std::env::var("DAISY_TEST_SLOW_FIRST_STEP")
+/// Sleep `$DAISY_TEST_SLOW_STEPS` milliseconds before each of a member's first two steps.
+pub(crate) fn slow_step() {
+    static STEPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let Some(ms) = std::env::var("DAISY_TEST_SLOW_STEPS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-    {
-        eprintln!("join: DAISY_TEST_SLOW_FIRST_STEP={ms}: the first step is slow on purpose");
+    else {
+        return;
+    };
+    if STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 2 {
+        eprintln!("join: DAISY_TEST_SLOW_STEPS={ms}: this step is slow on purpose");
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
