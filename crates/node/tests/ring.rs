@@ -545,15 +545,34 @@ fn a_ring_at_int8x2_gives_the_bits_of_one_process_at_int8x2() {
     );
 }
 
+/// The prompt of [`llama_ring`].
+const RING_PROMPT: &str = "Hello there, ring";
+
+/// A head on tiny Llama split 1,1,1 over [`RING_PROMPT`] with `generate`'s flags (JSON out),
+/// waiting for its two members; and the model's folder.
+fn llama_ring(generate: &[&str]) -> (PathBuf, Live) {
+    let llama = root().join("fixtures/tiny/llama");
+    let mut head_args = vec![
+        "--stages",
+        "1,1,1",
+        "--prompt",
+        RING_PROMPT,
+        "--format",
+        "json",
+    ];
+    head_args.extend(generate);
+    let live = Live::start_full(&llama, &head_args, &[], &[], Vec::new());
+    (llama, live)
+}
+
 #[test]
 fn members_on_the_gpu_give_the_bits_of_one_cpu_process() {
     // Each member runs its layers whole on its GPU (lavapipe in CI); the head stays on the CPU.
-    let llama = root().join("fixtures/tiny/llama");
-    let prompt = "Hello there, ring";
-    let generate = ["--max-new-tokens", "8", "--ignore-eos", "--path", "cached"];
-    let mut head_args = vec!["--stages", "1,1,1", "--prompt", prompt, "--format", "json"];
-    head_args.extend(generate);
-    let mut live = Live::start_full(&llama, &head_args, &[], &[], Vec::new());
+    let (prompt, generate) = (
+        RING_PROMPT,
+        ["--max-new-tokens", "8", "--ignore-eos", "--path", "cached"],
+    );
+    let (llama, mut live) = llama_ring(&generate);
     for i in 0..2 {
         live.join(&format!("member-{i}"), None, &["--backend", "gpu"], &[]);
     }
@@ -585,12 +604,11 @@ fn slow_steps_keep_their_link_alive() {
     // must not go silent on the link they came on: a peer that hears nothing for 2.5 s takes the
     // connection for dead, and the turn would be replayed without the member. (Steps run on the
     // link's thread only after a quick one.)
-    let llama = root().join("fixtures/tiny/llama");
-    let prompt = "Hello there, ring";
-    let generate = ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"];
-    let mut head_args = vec!["--stages", "1,1,1", "--prompt", prompt, "--format", "json"];
-    head_args.extend(generate);
-    let mut live = Live::start_full(&llama, &head_args, &[], &[], Vec::new());
+    let (prompt, generate) = (
+        RING_PROMPT,
+        ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"],
+    );
+    let (llama, mut live) = llama_ring(&generate);
     live.join("member-0", None, &[], &[("DAISY_TEST_SLOW_STEPS", "3000")]);
     live.join("member-1", None, &[], &[]);
     let run = live.finish();

@@ -266,15 +266,8 @@ impl FloatLab {
                     want.push(i32::from(q.q()[1]) as u32);
                 }
             };
-            for k in -127..=126 {
-                let tie = k as f32 + 0.5;
-                let guess = tie / inv;
-                for d in -4i32..=4 {
-                    let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
-                    if v * inv == tie && v.abs() <= max {
-                        push(v);
-                    }
-                }
+            for v in quantization_ties(max) {
+                push(v);
             }
             for _ in 0..256 {
                 push(max * (2.0 * unit() - 1.0));
@@ -434,6 +427,26 @@ impl FloatLab {
         readback.unmap();
         Ok(words)
     }
+}
+
+/// Values of a row whose largest magnitude is `max` that the row quantization takes to a tie: those
+/// whose f32 product with the contract's `127 / max` is exactly k + 0.5, for every k in -127..=126
+/// where an f32 near `(k + 0.5) / (127 / max)` has it (a driver's own rounding to an integer may
+/// take a tie either way).
+pub fn quantization_ties(max: f32) -> Vec<f32> {
+    let inv = 127f32 / max;
+    let mut ties = Vec::new();
+    for k in -127..=126 {
+        let tie = k as f32 + 0.5;
+        let guess = tie / inv;
+        for d in -8i32..=8 {
+            let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
+            if v * inv == tie && v.abs() <= max {
+                ties.push(v);
+            }
+        }
+    }
+    ties
 }
 
 /// [`FloatLab::gate`] of the library on `gpu`.

@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use daisy_wgsl::{Error, FLOATS_WGSL, FloatLab, f64_words};
+use daisy_wgsl::{Error, FLOATS_WGSL, FloatLab, f64_words, quantization_ties};
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
@@ -140,17 +140,8 @@ fn quantize_inputs() -> (Vec<f32>, Vec<u32>, Vec<u32>) {
     };
     for _ in 0..64 {
         let max = rng.f32_in(-20, 20).abs();
-        let inv = 127f32 / max;
-        for k in -127..=126 {
-            let tie = k as f32 + 0.5;
-            let guess = tie / inv;
-            // The f32 neighbours of the quotient whose product with inv is the tie itself.
-            for d in -8i32..=8 {
-                let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
-                if v * inv == tie && v.abs() <= max {
-                    push(v, max);
-                }
-            }
+        for v in quantization_ties(max) {
+            push(v, max);
         }
         for _ in 0..256 {
             let u = (rng.next() >> 40) as f32 / 16_777_216.0;
