@@ -699,15 +699,6 @@ impl Shared {
             match event {
                 RTCPeerConnectionEvent::OnConnectionStateChangeEvent(s) => {
                     self.state.send_replace(s);
-                    // A consumer on this thread hears of a failed connection at once (a closed
-                    // one ends quietly): a member whose link from the previous stage failed tells
-                    // the head, which would otherwise wait for a lap that cannot come.
-                    if s == RTCPeerConnectionState::Failed
-                        && !core.ended
-                        && let Sink::Direct(deliver) = &mut core.sink
-                    {
-                        deliver(Err(format!("the connection is {s}")));
-                    }
                     if is_terminal(s) {
                         end(core);
                     }

@@ -682,8 +682,18 @@ fn long_turn() -> Vec<&'static str> {
 }
 
 fn check_one_replay(signal: &str) {
+    check_one_replay_of(
+        "head: stage 2 = ",
+        signal,
+        serde_json::json!([[0, 10], [10, 30]]),
+    );
+}
+
+/// [`check_one_replay`] of the member named on the head's line starting `stage`, with `plan` the
+/// plan of the replay.
+fn check_one_replay_of(stage: &str, signal: &str, plan: Value) {
     let mut live = Live::start(&smollm2(), &long_turn(), &[None, None]);
-    let plan_line = live.wait_for("head: stage 2 = ");
+    let plan_line = live.wait_for(stage);
     live.wait_for("head: a turn of");
     std::thread::sleep(Duration::from_millis(300));
     let gone = live.signal(&plan_line, signal);
@@ -704,7 +714,7 @@ fn check_one_replay(signal: &str) {
         .collect();
     assert_eq!(devices.len(), 2, "{devices:?}");
     assert!(!devices.contains(&gone.as_str()), "{devices:?}");
-    assert_eq!(report["plan"], serde_json::json!([[0, 10], [10, 30]]));
+    assert_eq!(report["plan"], plan);
     assert!(
         report["excluded"][0]
             .as_str()
@@ -725,6 +735,17 @@ fn a_member_killed_mid_turn_costs_exactly_one_replay() {
 #[test]
 fn a_member_stopped_mid_turn_costs_exactly_one_replay() {
     check_one_replay("STOP");
+}
+
+#[test]
+fn a_middle_member_stopped_mid_turn_costs_exactly_one_replay_without_its_neighbour() {
+    // The member after the silent one loses its link from it too; the head must drop the silent
+    // member, not the one behind it.
+    check_one_replay_of(
+        "head: stage 1 = ",
+        "STOP",
+        serde_json::json!([[0, 20], [20, 30]]),
+    );
 }
 
 #[test]
