@@ -215,13 +215,13 @@ impl FloatLab {
         self.launch(name, rows, (rows, 1), out_words, dims, inputs)
     }
 
-    /// The float library's gate (DESIGN §3.7's idea applied to the steps between the products): before
-    /// a stage's layers go onto a device, a few thousand lanes of each operation the layer kernels rest
-    /// on run there against the CPU's bits: the contract's exponential over the softmax's and SiLU's
-    /// ranges, the row quantization on ties of both parities (a driver's own `round` may take ties
-    /// its own way: Mesa 22.3's lavapipe does on a host without AVX-512), f32 products and sums each
-    /// rounded alone with subnormals (a driver may fuse or flush), the f32 quotient and RMSNorm's
-    /// scale. The first lane that differs is the error.
+    /// The float library's gate (DESIGN §3.7's idea applied to the steps between the products):
+    /// before a stage's layers go onto a device, a few thousand lanes of each operation the layer
+    /// kernels rest on run there against the CPU's bits: the contract's exponential over the
+    /// softmax's and SiLU's ranges, the row quantization on ties of both parities (a driver's own
+    /// `round` may take ties its own way: Mesa 22.3's lavapipe does on a host without AVX-512),
+    /// f32 products and sums each rounded alone with subnormals (a driver may fuse or flush), the
+    /// f32 quotient and RMSNorm's scale. The first lane that differs is the error.
     pub fn gate(&self) -> Result<()> {
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut unit = move || (daisy_gemm_int8::splitmix(&mut state) >> 40) as f32 / 16_777_216.0;
@@ -255,31 +255,16 @@ impl FloatLab {
         let got = self.run("exp_f32", xs.len(), [&bits(&xs), &[], &[]])?;
         differs("exp", got, &want, &|i| format!("{:e}", xs[i]))?;
 
-        // The quantization of one value against its row's max: every tie k + 0.5, then random values.
-        let (mut vs, mut invs, mut want) = (vec![], vec![], vec![]);
-        for max in [0.75f32, 3.3, 1234.5] {
-            let inv = 127f32 / max;
-            let mut push = |v: f32| {
-                if let Ok(q) = daisy_gemm_int8::quantize_rows(&[max, v], 1, 2) {
-                    vs.push(v);
-                    invs.push(inv.to_bits());
-                    want.push(i32::from(q.q()[1]) as u32);
-                }
-            };
-            for v in quantization_ties(max) {
-                push(v);
-            }
-            for _ in 0..256 {
-                push(max * (2.0 * unit() - 1.0));
-            }
-        }
+        // The quantization of one value against its row's max: every tie k + 0.5, then random
+        // values.
+        let (vs, invs, want) = quantization_lanes(&[0.75, 3.3, 1234.5], 256, &mut unit);
         let got = self.run("quantize_f32", vs.len(), [&bits(&vs), &invs, &[]])?;
         differs("quantization", got, &want, &|i| {
             format!("{:e} at 127/max = {:e}", vs[i], f32::from_bits(invs[i]))
         })?;
 
-        // f32 a * b + c, each rounded alone: products near and below the subnormal range, and addends
-        // that cancel the product down to its last bits (a fused multiply-add differs there).
+        // f32 a * b + c, each rounded alone: products near and below the subnormal range, and
+        // addends that cancel the product down to its last bits (a fused multiply-add differs).
         let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
         for i in 0..2048 {
             let x = (unit() + 0.5) * 2f32.powi(-60 - (i % 12));
@@ -429,24 +414,42 @@ impl FloatLab {
     }
 }
 
-/// Values of a row whose largest magnitude is `max` that the row quantization takes to a tie: those
-/// whose f32 product with the contract's `127 / max` is exactly k + 0.5, for every k in -127..=126
-/// where an f32 near `(k + 0.5) / (127 / max)` has it (a driver's own rounding to an integer may
-/// take a tie either way).
-pub fn quantization_ties(max: f32) -> Vec<f32> {
-    let inv = 127f32 / max;
-    let mut ties = Vec::new();
-    for k in -127..=126 {
-        let tie = k as f32 + 0.5;
-        let guess = tie / inv;
-        for d in -8i32..=8 {
-            let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
-            if v * inv == tie && v.abs() <= max {
-                ties.push(v);
+/// Lanes of `quantize_f32` with the CPU's answer: for each row max in `maxes`, the values the
+/// row quantization takes to a tie (whose f32 product with the contract's `127 / max` is exactly
+/// k + 0.5, for every k in -127..=126 where an f32 near the quotient has it: a driver's own rounding
+/// to an integer may take a tie either way), then `random` values of the row (`unit` draws in
+/// [0, 1)). Returns the values, each lane's `127 / max` as bits, and the int8 that
+/// `daisy_gemm_int8::quantize_rows` gives the value in the row `[max, v]`, as i32 bits.
+pub fn quantization_lanes(
+    maxes: &[f32],
+    random: usize,
+    unit: &mut dyn FnMut() -> f32,
+) -> (Vec<f32>, Vec<u32>, Vec<u32>) {
+    let (mut vs, mut invs, mut want) = (vec![], vec![], vec![]);
+    for &max in maxes {
+        let inv = 127f32 / max;
+        let mut push = |v: f32| {
+            if let Ok(q) = daisy_gemm_int8::quantize_rows(&[max, v], 1, 2) {
+                vs.push(v);
+                invs.push(inv.to_bits());
+                want.push(i32::from(q.q()[1]) as u32);
+            }
+        };
+        for k in -127..=126 {
+            let tie = k as f32 + 0.5;
+            let guess = tie / inv;
+            for d in -8i32..=8 {
+                let v = f32::from_bits(guess.to_bits().wrapping_add_signed(d));
+                if v * inv == tie && v.abs() <= max {
+                    push(v);
+                }
             }
         }
+        for _ in 0..random {
+            push(max * (2.0 * unit() - 1.0));
+        }
     }
-    ties
+    (vs, invs, want)
 }
 
 /// [`FloatLab::gate`] of the library on `gpu`.

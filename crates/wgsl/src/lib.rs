@@ -31,7 +31,7 @@ mod select;
 pub use backend::{CPU_BELOW_MACS, GpuBackend, GpuWeights, MAX_K, WARM_UP, warm_up};
 pub use device::{AdapterSummary, adapters};
 pub use error::{Error, FloatMismatch, Result};
-pub use floats::{FLOATS_WGSL, FloatLab, f64_words, quantization_ties};
+pub use floats::{FLOATS_WGSL, FloatLab, f64_words, quantization_lanes};
 pub use kernel::{DOT4_PACKED_WGSL, DOT4_SHIFT_WGSL, GEMM_WGSL, GEMV_MAX_T, Kernel, Tuning};
 pub use layers::{GpuKv, GpuLayers};
 pub use profile::GpuProfile;

@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use daisy_wgsl::{Error, FLOATS_WGSL, FloatLab, f64_words, quantization_ties};
+use daisy_wgsl::{Error, FLOATS_WGSL, FloatLab, f64_words, quantization_lanes};
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
@@ -131,24 +131,10 @@ fn exp_equals_the_contracts_on_every_lane() {
 /// rounding to an integer may take those the wrong way); the rest are random values of the row.
 fn quantize_inputs() -> (Vec<f32>, Vec<u32>, Vec<u32>) {
     let mut rng = Rng(19);
-    let (mut vs, mut invs, mut want) = (vec![], vec![], vec![]);
-    let mut push = |v: f32, max: f32| {
-        let q = daisy_gemm_int8::quantize_rows(&[max, v], 1, 2).unwrap();
-        vs.push(v);
-        invs.push((127f32 / max).to_bits());
-        want.push(i32::from(q.q()[1]) as u32);
-    };
-    for _ in 0..64 {
-        let max = rng.f32_in(-20, 20).abs();
-        for v in quantization_ties(max) {
-            push(v, max);
-        }
-        for _ in 0..256 {
-            let u = (rng.next() >> 40) as f32 / 16_777_216.0;
-            push(max * (2.0 * u - 1.0), max);
-        }
-    }
-    (vs, invs, want)
+    let maxes: Vec<f32> = (0..64).map(|_| rng.f32_in(-20, 20).abs()).collect();
+    quantization_lanes(&maxes, 256, &mut || {
+        (rng.next() >> 40) as f32 / 16_777_216.0
+    })
 }
 
 /// `quantize_f32` on `lab` over [`quantize_inputs`]: the values, the GPU's words and the CPU's.

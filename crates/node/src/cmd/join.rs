@@ -479,8 +479,8 @@ fn start_epoch(
         // compute thread cost a thread wake-up, about 50 µs a hop on this kind of host (the
         // compute thread sleeps on a halted virtual CPU). A larger one (a prefill chunk), the
         // first, and any after a slow step go to the compute thread, so the link keeps reading
-        // and answering while it runs. A closed link ends quietly (the head notices the lap that does not come
-        // back); a refused frame ends the member with the refusal.
+        // and answering while it runs. A closed link ends quietly (the head notices the lap that
+        // does not come back); a refused frame ends the member with the refusal.
         let input_tx = input_tx.clone();
         // The GEMM workers, parked since the last step, get up while the activation is decrypted.
         up.on_arrival(daisy_gemm_int8::wake);
