@@ -17,7 +17,10 @@
 //! machine's speed drifts by tens of percent from one minute to the next, both sides of a ratio
 //! should see the same minutes, and with each side first and last in turn a steady drift across
 //! the round weighs on both alike. Each side's median of the rounds' means is printed beside it
-//! (theirs as `pp512` and `tg128`, with the peak RSS of the `tg128` runs).
+//! (theirs as `pp512` and `tg128`, with the peak RSS of the `tg128` runs), and how far the rounds
+//! spread: the lowest and highest round's ratio, and the share of the CPUs' time that the host's
+//! hypervisor took for others during the rounds (`steal` in `/proc/stat`), so that a reader can
+//! tell a quiet run from a loud one.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -265,6 +268,7 @@ fn paired(
             "decode_tokens_per_s",
         )
     };
+    let cpu_before = cpu_times();
     for round in 0..PAIRED_ROUNDS {
         eprintln!("paired round {} of {PAIRED_ROUNDS}", round + 1);
         let first = our_prefill()?;
@@ -310,6 +314,24 @@ fn paired(
             side(|r| r.0 / r.1),
             "x",
         ));
+        let (low, high) = spread(rounds.iter().map(|r| r.0 / r.1));
+        figures.push(fig(
+            &format!("ours_vs_llama.cpp/{slug}/{what}_lowest_round"),
+            low,
+            "x",
+        ));
+        figures.push(fig(
+            &format!("ours_vs_llama.cpp/{slug}/{what}_highest_round"),
+            high,
+            "x",
+        ));
+    }
+    if let (Some(before), Some(after)) = (cpu_before, cpu_times()) {
+        figures.push(fig(
+            &format!("host/{slug}/steal_during_paired_rounds"),
+            steal_share(before, after),
+            "%",
+        ));
     }
     if let Some(peak) = peak {
         figures.push(fig(
@@ -319,6 +341,40 @@ fn paired(
         ));
     }
     Ok(figures)
+}
+
+/// The lowest and highest of `v` (NaN for none).
+fn spread(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    v.fold((f64::NAN, f64::NAN), |(lo, hi), x| (x.min(lo), x.max(hi)))
+}
+
+/// The CPUs' time so far, summed over every state, and the part of it stolen by the hypervisor
+/// (the `cpu` line of `/proc/stat`); none where there is no such file or line.
+fn cpu_times() -> Option<(u64, u64)> {
+    parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// [`cpu_times`] from the text of `/proc/stat`: the first line, `cpu` and then user, nice, system,
+/// idle, iowait, irq, softirq, steal (guest time is counted inside user and nice already).
+fn parse_cpu_times(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    (ticks.len() == 8).then(|| (ticks.iter().sum(), ticks[7]))
+}
+
+/// The percentage of the time between two [`cpu_times`] that was stolen.
+fn steal_share((total0, steal0): (u64, u64), (total1, steal1): (u64, u64)) -> f64 {
+    let total = total1.saturating_sub(total0);
+    if total == 0 {
+        return 0.0;
+    }
+    100.0 * steal1.saturating_sub(steal0) as f64 / total as f64
 }
 
 /// The middle value (the mean of the two middle ones for an even count).
@@ -434,6 +490,39 @@ mod tests {
             "ours_vs_llama.cpp/smollm2-135m/peak_rss_vs_tg128_peak_rss"
         );
         assert_eq!(r[0].value, 0.85);
+    }
+
+    #[test]
+    fn the_steal_share_is_read_from_proc_stat() {
+        let stat = |steal: u64| {
+            format!(
+                "cpu  100 0 50 800 10 0 0 {steal} 0 0\ncpu0 50 0 25 400 5 0 0 0 0 0\nintr 1 2 3\n"
+            )
+        };
+        let before = parse_cpu_times(&stat(40)).unwrap();
+        assert_eq!(before, (1000, 40));
+        let after = parse_cpu_times(&stat(140)).unwrap();
+        // 100 more ticks, all of them stolen, against 1000 + 100 - 1000 = 100 more in total.
+        assert_eq!(steal_share(before, after), 100.0);
+        let busier = parse_cpu_times("cpu  400 0 50 1400 10 0 0 140 0 0\n").unwrap();
+        assert_eq!(steal_share(before, busier), 10.0);
+        assert_eq!(steal_share(before, before), 0.0);
+        assert!(parse_cpu_times("cpu0 1 2 3\n").is_none(), "no summed line");
+        assert!(
+            parse_cpu_times("cpu  1 2 x 4 5 6 7 8\n").is_none(),
+            "a field that is no number"
+        );
+        assert!(
+            parse_cpu_times("cpu  1 2 3\n").is_none(),
+            "a kernel too old to count steal"
+        );
+    }
+
+    #[test]
+    fn the_spread_is_the_lowest_and_highest_round() {
+        assert_eq!(spread([1.2, 0.9, 1.4].into_iter()), (0.9, 1.4));
+        let (lo, hi) = spread(std::iter::empty());
+        assert!(lo.is_nan() && hi.is_nan());
     }
 
     #[test]
