@@ -256,8 +256,60 @@ pub fn gemm(
     t: usize,
     b: &PackedWeights,
 ) -> Result<Vec<f32>, Error> {
-    let qa = quantize_rows(a, t, b.k())?;
-    gemm_quantized(backend, &qa, Rhs::Weights(b))
+    // A's quantized rows go into memory given back on this thread (every weight product of a
+    // token, four a layer, reuses the same buffers instead of allocating two).
+    let qa = quantize_rows_reusing(a, t, b.k())?;
+    let c = gemm_quantized(backend, &qa, Rhs::Weights(b));
+    recycle(qa);
+    c
+}
+
+thread_local! {
+    /// The buffers of quantized operands given back on this thread ([`recycle`]), for the next
+    /// [`quantize_rows_reusing`].
+    static SPARES: std::cell::RefCell<Vec<(Vec<i8>, Vec<f32>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Buffers a thread keeps: a decode layer's products and attention quantize up to ten operands
+/// between two [`recycle`]s of the first.
+const SPARES_MAX: usize = 16;
+
+/// The largest quantized operand whose memory is kept (a 512-row prefill chunk of SmolLM2's MLP
+/// is 0.8 MB); a larger one is freed.
+const SPARE_MAX_BYTES: usize = 1 << 20;
+
+/// [`quantize_rows`] into the memory of an operand given back on this thread with [`recycle`]
+/// (allocating only when there is none): the same values and scales, without the allocator in a
+/// token loop that quantizes the same shapes over and over.
+pub fn quantize_rows_reusing(a: &[f32], rows: usize, k: usize) -> Result<Quantized, Error> {
+    let spare = SPARES
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    quant::quantize_reusing(Operand::A, a, rows, k, spare)
+}
+
+/// Keep `q`'s memory for the next [`quantize_rows_reusing`] on this thread (up to [`SPARES_MAX`]
+/// operands of at most [`SPARE_MAX_BYTES`] each; the rest is freed).
+pub fn recycle(q: Quantized) {
+    let buffers = q.into_buffers();
+    if buffers.0.capacity() > SPARE_MAX_BYTES {
+        return;
+    }
+    // A thread being torn down, or a spare list in use further up this thread's stack, simply
+    // frees the memory.
+    let _ = SPARES.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut()
+            && s.len() < SPARES_MAX
+        {
+            if s.capacity() == 0 {
+                s.reserve_exact(SPARES_MAX);
+            }
+            s.push(buffers);
+        }
+    });
 }
 
 /// The full contract with B an activation (`n × k`, quantized for this call): attention's K rows and

@@ -137,8 +137,11 @@ impl Pool {
     fn worker(&self, steer: &Steer) {
         steer.start();
         let mut seen = self.ticket.load(Ordering::Acquire) >> 32;
+        // The runs this worker reads ahead, swapped with the pool's list (which thus keeps a
+        // list's capacity: no allocation per `prefetch` in the token loop).
+        let mut runs = Vec::new();
         loop {
-            let mut ticket = self.wait(seen, steer);
+            let mut ticket = self.wait(seen, steer, &mut runs);
             seen = ticket >> 32;
             // Join unless the job has closed meanwhile.
             loop {
@@ -172,7 +175,7 @@ impl Pool {
 
     /// Wait for a ticket of an epoch other than `seen` that is still open: spin (yielding now and
     /// then, so other threads on a busy machine get the core), then park.
-    fn wait(&self, mut seen: u64, steer: &Steer) -> u64 {
+    fn wait(&self, mut seen: u64, steer: &Steer, runs: &mut Vec<ReadAhead>) -> u64 {
         let mut start = Instant::now();
         let mut spins = 0u32;
         let mut ahead_seen = self.ahead_epoch.load(Ordering::Relaxed);
@@ -187,7 +190,7 @@ impl Pool {
             let epoch = self.ahead_epoch.load(Ordering::Relaxed);
             if epoch != ahead_seen {
                 ahead_seen = epoch;
-                self.read_ahead(seen);
+                self.read_ahead(seen, runs);
                 start = Instant::now();
                 continue;
             }
@@ -219,10 +222,15 @@ impl Pool {
 
 impl Pool {
     /// Take the runs of memory asked for by [`prefetch`] and bring them towards this core's caches,
-    /// until they are done or a job of an epoch other than `seen` opens.
-    fn read_ahead(&self, seen: u64) {
-        let runs = std::mem::take(&mut *self.ahead.lock().unwrap_or_else(|e| e.into_inner()));
-        for (start, len, keep) in runs {
+    /// until they are done or a job of an epoch other than `seen` opens. `runs` is empty, and is
+    /// left so.
+    fn read_ahead(&self, seen: u64, runs: &mut Vec<ReadAhead>) {
+        std::mem::swap(
+            runs,
+            &mut *self.ahead.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        // Leaving early drops the runs not read (the drain empties `runs` either way).
+        for (start, len, keep) in runs.drain(..) {
             let mut at = start;
             while at < start + len {
                 if self.ticket.load(Ordering::Relaxed) >> 32 != seen {

@@ -63,6 +63,11 @@ impl Quantized {
         Self::from_parts(0, k, Vec::new(), Vec::new())
     }
 
+    /// The values' and the scales' memory, for [`quantize_reusing`].
+    pub(crate) fn into_buffers(self) -> (Vec<i8>, Vec<f32>) {
+        (self.q, self.scales)
+    }
+
     /// Append the rows of `other` (rows quantize independently, so this is what quantizing all the
     /// rows together gives).
     pub fn append(&mut self, other: &Quantized) -> Result<(), Error> {
@@ -167,6 +172,19 @@ pub(crate) fn quantize(
     rows: usize,
     k: usize,
 ) -> Result<Quantized, Error> {
+    quantize_reusing(operand, x, rows, k, (Vec::new(), Vec::new()))
+}
+
+/// [`quantize`] into the memory of `spare` (the buffers of an earlier result, see
+/// [`Quantized::into_buffers`]), so that a caller that quantizes the same shapes over and over does
+/// not allocate each time. What `spare` held is irrelevant: every value is written.
+pub(crate) fn quantize_reusing(
+    operand: Operand,
+    x: &[f32],
+    rows: usize,
+    k: usize,
+    (mut q, mut scales): (Vec<i8>, Vec<f32>),
+) -> Result<Quantized, Error> {
     check_k(k)?;
     let expected = rows.checked_mul(k).ok_or(Error::Shape {
         what: "rows × k",
@@ -180,19 +198,16 @@ pub(crate) fn quantize(
             expected,
         });
     }
-    let mut scales = vec![0f32; rows];
+    scales.clear();
+    scales.resize(rows, 0.0);
+    q.clear();
     if k == 0 {
-        return Ok(Quantized {
-            rows,
-            k,
-            q: Vec::new(),
-            scales,
-        });
+        return Ok(Quantized { rows, k, q, scales });
     }
     let per = crate::pool::rows_per_chunk(rows, k, crate::PARALLEL_MIN_ELEMENTS);
     // Each row is written whole by `quantize_row` (on the thread that quantizes it) before `q`
     // takes its length.
-    let mut q: Vec<i8> = Vec::with_capacity(expected);
+    q.reserve(expected);
     let q_rows = &mut q.spare_capacity_mut()[..expected];
     // Rows `[r0, …)` of `x` into `q` and `scales`; the first refusal by row order.
     type Rows<'a> = (

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, Rhs, check_shapes};
 use crate::packed::{PANEL, PackedWeights};
@@ -99,8 +100,8 @@ pub fn audit(
 #[derive(Debug)]
 pub struct LiveAudit {
     /// The cells, by panel of 16 columns, then row, then column (the cells of one panel and row
-    /// are recomputed together).
-    cells: Vec<Cell>,
+    /// are recomputed together); a live audit's held inline, as decode makes some 200 a token.
+    cells: SmallVec<[Cell; AUDIT_CELLS]>,
     /// The first disagreement found so far: (seeded index, got, expected).
     first: Mutex<Option<(usize, i32, i32)>>,
 }
@@ -117,7 +118,7 @@ struct Cell {
 impl LiveAudit {
     /// `cells` seeded cells of a `t × n` product.
     fn new(t: usize, n: usize, seed: u64, cells: usize) -> Self {
-        let mut picks = Vec::new();
+        let mut picks: SmallVec<[Cell; AUDIT_CELLS]> = SmallVec::new();
         if t > 0 && n > 0 {
             let mut state = seed;
             // Columns come from two seeded blocks of 16 (one weight panel each), so auditing packed
@@ -229,7 +230,7 @@ impl LiveAudit {
         acc: &[i32],
     ) -> Result<(), Error> {
         let n = b.n();
-        let left: Vec<&Cell> = self
+        let left: SmallVec<[&Cell; AUDIT_CELLS]> = self
             .cells
             .iter()
             .filter(|c| !c.checked.load(Ordering::Relaxed))

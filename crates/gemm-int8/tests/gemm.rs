@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use daisy_gemm_int8::{
     Backend, CpuBackend, Error, Isa, MAX_K, Operand, PackedWeights, Quantized, Rhs, audit,
     check_shapes, dequantize, exact_gates, gemm, gemm_act, gemm_quantized_into, measure_rate,
-    probe, quantize_rows, reference_i32,
+    probe, quantize_rows, quantize_rows_reusing, recycle, reference_i32,
 };
 
 /// The test's own generator (xorshift64*), independent of the crate's seeded stream.
@@ -614,6 +614,46 @@ fn appended_rows_equal_rows_quantized_together() {
     let other = quantize_rows(&matrix(13, 1, 69), 1, 69).unwrap();
     assert!(grown.append(&other).is_err());
     assert_eq!(grown.rows(), 8);
+}
+
+#[test]
+fn operands_quantized_into_recycled_memory_equal_fresh_ones() {
+    // Larger, smaller, wider and empty operands in turn, each into the memory of the one before.
+    let shapes = [(6, 200), (2, 37), (9, 512), (1, 3), (0, 64), (4, 129)];
+    let mut last_values: Option<*const i8> = None;
+    for (i, &(rows, k)) in shapes.iter().enumerate() {
+        let a = matrix(40 + i as u64, rows, k);
+        let reused = quantize_rows_reusing(&a, rows, k).unwrap();
+        assert_eq!(
+            reused,
+            quantize_rows(&a, rows, k).unwrap(),
+            "shape {rows}×{k}"
+        );
+        if let (Some(before), true) = (last_values, reused.q().len() <= 6 * 200) {
+            // Every operand fits the first one's memory, which goes round: the same buffer.
+            assert_eq!(
+                reused.q().as_ptr(),
+                before,
+                "shape {rows}×{k} was given new memory"
+            );
+        }
+        if rows > 0 {
+            last_values = Some(reused.q().as_ptr());
+        }
+        recycle(reused);
+    }
+    // A refusal leaves nothing half-written behind: the next operand is whole again.
+    let mut bad = matrix(50, 3, 16);
+    bad[20] = f32::NAN;
+    let refused = quantize_rows_reusing(&bad, 3, 16).unwrap_err().to_string();
+    assert!(refused.contains("row 1"), "{refused}");
+    let good = matrix(51, 3, 16);
+    let again = quantize_rows_reusing(&good, 3, 16).unwrap();
+    assert_eq!(again, quantize_rows(&good, 3, 16).unwrap());
+    // Mutation: memory still holding another operand's values is not what a fresh quantization
+    // gives (so the equalities above see what they compare).
+    let stale = quantize_rows(&matrix(52, 3, 16), 3, 16).unwrap();
+    assert_ne!(again, stale);
 }
 
 /// DeepGEMM's layout for comparison (GUIDE "DeepInfer"): one weight scale per 128 channels of K per

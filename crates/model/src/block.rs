@@ -351,7 +351,7 @@ impl LlamaBlock {
         if ahead {
             self.gate_up.prefetch();
         }
-        let mut hs = x.to_vec();
+        hs.copy_from_slice(x);
         rms_norm(&mut hs, h, &self.post_norm, cfg.norm_eps);
         let gu = self
             .gate_up
@@ -437,7 +437,7 @@ impl Gpt2Block {
         for (xv, ov) in x.iter_mut().zip(&o) {
             *xv += ov;
         }
-        let mut hs = x.to_vec();
+        hs.copy_from_slice(x);
         layer_norm(&mut hs, h, &self.ln2.0, &self.ln2.1, cfg.norm_eps);
         let mut f = self.fc.forward(cx, &hs, t, &|| format!("layer {i} c_fc"))?;
         let act = act_fn(cfg.hidden_act);

@@ -7,7 +7,7 @@
 
 use daisy_gemm_int8::{
     Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
-    quantize_residual, quantize_rows,
+    quantize_residual, quantize_rows_reusing, recycle,
 };
 
 use crate::ops::matmul_f32;
@@ -100,12 +100,22 @@ pub(crate) fn planes(
     rows: usize,
     k: usize,
 ) -> std::result::Result<Planes, daisy_gemm_int8::Error> {
-    let first = quantize_rows(x, rows, k)?;
+    // Into memory given back by an earlier operand of this thread (see `recycle_planes`).
+    let first = quantize_rows_reusing(x, rows, k)?;
     let second = match precision.two_planes() {
         true => Some(quantize_residual(x, &first)?),
         false => None,
     };
     Ok((first, second))
+}
+
+/// Give an operand's planes back to this thread's spare buffers once they are used (the token
+/// loop then quantizes its activations without allocating).
+pub(crate) fn recycle_planes((first, second): Planes) {
+    recycle(first);
+    if let Some(second) = second {
+        recycle(second);
+    }
 }
 
 /// A weight's planes quantized a block of rows at a time and appended: rows quantize
@@ -177,7 +187,9 @@ fn product<'b>(
     b2: Option<Rhs<'b>>,
 ) -> std::result::Result<Vec<f32>, daisy_gemm_int8::Error> {
     let (Some(a2), Some(b2)) = (a2, b2) else {
-        return gemm_quantized(backend, &a1, b1);
+        let c = gemm_quantized(backend, &a1, b1);
+        recycle(a1);
+        return c;
     };
     let cross = gemm_quantized(backend, &a1, b2)?;
     a1.append(&a2)?;
@@ -506,15 +518,17 @@ pub(crate) fn quantize_keys(
 ) -> Result<()> {
     let (p1, p2) = planes(precision, rows, t, k).map_err(|e| gemm_err(what, e))?;
     first.append(&p1).map_err(|e| gemm_err(what, e))?;
-    match (second, p2) {
-        (Some(cache), Some(p2)) => cache.append(&p2).map_err(|e| gemm_err(what, e)),
+    let appended = match (second, &p2) {
+        (Some(cache), Some(p2)) => cache.append(p2).map_err(|e| gemm_err(what, e)),
         (None, None) => Ok(()),
         _ => Err(Error::Invalid(format!(
             "{}: the key cache holds other planes than {} makes",
             what(),
             precision.name()
         ))),
-    }
+    };
+    recycle_planes((p1, p2));
+    appended
 }
 
 /// `C = A·Bᵀ` for an activation A (`t×k`) and a prepared activation B (attention scores and
@@ -564,7 +578,7 @@ pub(crate) fn act_gemm_batch(
     let quantized: Vec<Quantized> = jobs
         .iter()
         .zip(&bs)
-        .map(|((a, t, _), b)| quantize_rows(a, *t, b.k()))
+        .map(|((a, t, _), b)| quantize_rows_reusing(a, *t, b.k()))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| gemm_err(what, e))?;
     let pairs: Vec<(&Quantized, Rhs<'_>)> = quantized
@@ -572,7 +586,10 @@ pub(crate) fn act_gemm_batch(
         .zip(&bs)
         .map(|(a, b)| (a, Rhs::Activation(b)))
         .collect();
-    gemm_quantized_batch(cx.backend, &pairs).map_err(|e| gemm_err(what, e))
+    let outs = gemm_quantized_batch(cx.backend, &pairs).map_err(|e| gemm_err(what, e));
+    drop(pairs);
+    quantized.into_iter().for_each(recycle);
+    outs
 }
 
 #[cfg(test)]
