@@ -391,7 +391,8 @@ pub fn gemm_quantized_batch(
         })
         .collect();
     {
-        let mut items = Vec::with_capacity(pairs.len());
+        let mut items: smallvec::SmallVec<[BatchItem<'_>; 8]> =
+            smallvec::SmallVec::with_capacity(pairs.len());
         for ((a, b), c) in pairs.iter().zip(&mut outs) {
             // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid
             // for both; each view covers its own vector and is dropped before it is used as f32.

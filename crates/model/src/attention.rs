@@ -14,6 +14,7 @@
 //! scores are small; each product's cells are the same either way.
 
 use daisy_gemm_int8::{GrowingRows, Quantized, for_each_rows};
+use smallvec::SmallVec;
 
 use crate::gemm::{ActRhs, Ctx, act_gemm_batch, act_rhs, quantize_keys};
 use crate::ops::softmax_visible_rows;
@@ -66,6 +67,9 @@ const BATCH_SCORE_CELLS: usize = 1 << 22;
 
 /// Score rows masked and softmaxed together (their sums advance together).
 const SOFTMAX_ROWS: usize = 8;
+
+/// One entry per kv head of a call, held inline up to eight (no allocation per layer at decode).
+type PerKvHead<T> = SmallVec<[T; 8]>;
 
 /// The shape of one attention call.
 pub(crate) struct Heads {
@@ -198,7 +202,7 @@ pub(crate) fn attention(
         true => num_kv_heads,
         false => 1,
     };
-    let groups: Vec<usize> = (0..num_kv_heads).collect();
+    let groups: PerKvHead<usize> = (0..num_kv_heads).collect();
     let mut out = vec![0f32; t * q_cols];
     for gs in groups.chunks(batch) {
         let named = |kind: &'static str| {
@@ -211,18 +215,15 @@ pub(crate) fn attention(
                 ),
             }
         };
-        // A: the rows of every query head of a group, head after head.
-        let qgs: Vec<Vec<f32>> = gs
-            .iter()
-            .map(|&g| {
-                let mut qg = Vec::with_capacity(rows * hd);
-                for h in g * group..(g + 1) * group {
-                    split(0, h, &mut qg);
-                }
-                qg
-            })
-            .collect();
-        let keys: Vec<ActRhs<'_>> = gs
+        // A: the rows of every query head of a group, head after head; the groups one after
+        // another in one buffer.
+        let mut queries = Vec::with_capacity(gs.len() * rows * hd);
+        for &g in gs {
+            for h in g * group..(g + 1) * group {
+                split(0, h, &mut queries);
+            }
+        }
+        let keys: PerKvHead<ActRhs<'_>> = gs
             .iter()
             .map(|&g| match cx.precision {
                 crate::Precision::Int8 | crate::Precision::Int8x2 => {
@@ -235,10 +236,10 @@ pub(crate) fn attention(
                 },
             })
             .collect();
-        let jobs: Vec<(&[f32], usize, &ActRhs<'_>)> = qgs
-            .iter()
+        let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = queries
+            .chunks_exact(rows * hd)
             .zip(&keys)
-            .map(|(a, b)| (a.as_slice(), rows, b))
+            .map(|(a, b)| (a, rows, b))
             .collect();
         let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
         for s in &mut scores {
@@ -251,15 +252,16 @@ pub(crate) fn attention(
             .filter(|&&g| cache.vt[g].quantized().is_none())
             .map(|&g| (0..hd).flat_map(|c| cache.vt[g].row(c)).copied().collect())
             .collect();
-        let kept: Option<Vec<&Quantized>> = gs.iter().map(|&g| cache.vt[g].quantized()).collect();
-        let values: Vec<ActRhs<'_>> = match kept {
+        let kept: Option<PerKvHead<&Quantized>> =
+            gs.iter().map(|&g| cache.vt[g].quantized()).collect();
+        let values: PerKvHead<ActRhs<'_>> = match kept {
             Some(kept) => kept.into_iter().map(|q| ActRhs::Int8(q, None)).collect(),
             None => vts
                 .iter()
                 .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
                 .collect::<Result<_>>()?,
         };
-        let jobs: Vec<(&[f32], usize, &ActRhs<'_>)> = scores
+        let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = scores
             .iter()
             .zip(&values)
             .map(|(a, b)| (a.as_slice(), rows, b))

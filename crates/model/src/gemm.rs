@@ -10,6 +10,8 @@ use daisy_gemm_int8::{
     quantize_residual, quantize_rows_reusing, recycle,
 };
 
+use smallvec::SmallVec;
+
 use crate::ops::matmul_f32;
 use crate::shard::{Put, Take};
 use crate::source::{Embedding, Source, read_rows, read_shaped};
@@ -558,7 +560,7 @@ pub(crate) fn act_gemm_batch(
     jobs: &[(&[f32], usize, &ActRhs<'_>)],
     what: &dyn Fn() -> String,
 ) -> Result<Vec<Vec<f32>>> {
-    let single: Option<Vec<&Quantized>> = match cx.precision {
+    let single: Option<SmallVec<[&Quantized; 8]>> = match cx.precision {
         Precision::Int8 => jobs
             .iter()
             .map(|(_, _, b)| match b {
@@ -575,13 +577,13 @@ pub(crate) fn act_gemm_batch(
             .map(|(a, t, b)| act_gemm_rhs(cx, a, *t, b, what))
             .collect();
     };
-    let quantized: Vec<Quantized> = jobs
+    let quantized: SmallVec<[Quantized; 8]> = jobs
         .iter()
         .zip(&bs)
         .map(|((a, t, _), b)| quantize_rows_reusing(a, *t, b.k()))
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| gemm_err(what, e))?;
-    let pairs: Vec<(&Quantized, Rhs<'_>)> = quantized
+    let pairs: SmallVec<[(&Quantized, Rhs<'_>); 8]> = quantized
         .iter()
         .zip(&bs)
         .map(|(a, b)| (a, Rhs::Activation(b)))
