@@ -91,9 +91,10 @@ fn a_decode_token_allocates_under_its_bound() {
         (turn_allocations(&stage, long) - turn_allocations(&stage, short)) / (long - short);
     let per_layer = per_token / cfg.num_layers;
     let isa = CpuBackend::new().isa();
-    // AVX-512's kernels take A as u8 (+128), made per weight product: four a layer more.
+    // AVX-512's kernels take A as u8 (+128), made per weight product: four a layer more and the
+    // lm_head's one a token, with room (not measured on such a CPU when the bound was set).
     let bound = match isa {
-        Isa::Avx512Vnni | Isa::Amx => MAX_PER_LAYER + 4,
+        Isa::Avx512Vnni | Isa::Amx => MAX_PER_LAYER + 6,
         _ => MAX_PER_LAYER,
     };
     eprintln!(
