@@ -45,6 +45,12 @@ const SOURCES: &[Source] = &[
         derive: gemm_derived,
     },
     Source {
+        package: "daisy-model",
+        bench: "ops",
+        elements: |_| ("G exp/s", 1e9),
+        derive: |_| Vec::new(),
+    },
+    Source {
         package: "daisy-conformance",
         bench: "shard",
         elements: |_| ("", 1.0),

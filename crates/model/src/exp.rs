@@ -9,6 +9,14 @@
 //! `e^x`, so the f32 rounding is the correctly rounded value — the same as libm's f64 `exp` rounded —
 //! except when `e^x` lies within ~2⁻⁵⁰ (relative) of an f32 rounding boundary; the tests count those
 //! against libm over a sweep of every 64th f32.
+//!
+//! The polynomial is defined by Horner's rule ([`exp_f64_horner`], which the GPU's `floats.wgsl`
+//! evaluates too) and evaluated by Estrin's scheme ([`exp_f64`]): pairs of terms, then pairs of
+//! pairs over r², r⁴, r⁸. Horner's thirteen dependent multiply-adds made every exponential wait
+//! about 110 cycles, and the core could hold only two or three of them in flight (2.3 ns each on a
+//! Zen 3 core); Estrin's five levels take half as long (1.5 ns). The two f64 results differ by at
+//! most 2 ulps and round to the same f32 for every f32 argument: the test
+//! `estrin_equals_horner_for_every_f32` checks all 2³² of them.
 
 /// Below this the f32 result is 0 (e^-104 < half the smallest subnormal); `-inf` lands here too.
 const LO: f64 = -104.0;
@@ -20,7 +28,8 @@ const LOG2E: f64 = std::f64::consts::LOG2_E;
 /// ln 2 split so that `k·LN2_HI` is exact for |k| < 2²⁰ (LN2_HI has 32 significant bits).
 const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
 const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-/// 1/n! for n = 13 down to 2.
+/// 1/n! for n = 13 down to 2 (Horner's order).
+#[cfg(test)]
 const INV_FACT: [f64; 12] = [
     1.0 / 6_227_020_800.0,
     1.0 / 479_001_600.0,
@@ -36,28 +45,82 @@ const INV_FACT: [f64; 12] = [
     0.5,
 ];
 
-/// `e^x` in f64 for an f32 `x` (as f64), before the f32 rounding.
-#[inline(always)]
-fn exp_f64(x: f64) -> f64 {
-    exp_f64_taylor(x, &INV_FACT)
-}
+/// `1/n!` for n = 0 to 13, lowest degree first: Estrin's pairs `c[2i] + c[2i+1]·r`.
+const COEF: [f64; 14] = [
+    1.0,
+    1.0,
+    0.5,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5_040.0,
+    1.0 / 40_320.0,
+    1.0 / 362_880.0,
+    1.0 / 3_628_800.0,
+    1.0 / 39_916_800.0,
+    1.0 / 479_001_600.0,
+    1.0 / 6_227_020_800.0,
+];
 
-/// [`exp_f64`] with the Taylor coefficients `1/n!` from the highest degree down to 2.
+/// The Cody–Waite reduction of `x` (clamped to `[LO, HI]`): `(r, shifted)`, `x = k·ln2 + r` with
+/// k held in the low bits of `shifted`.
 #[inline(always)]
-fn exp_f64_taylor(x: f64, inv_fact: &[f64]) -> f64 {
+fn reduce(x: f64) -> (f64, f64) {
     let x = x.clamp(LO, HI);
     let shifted = x * LOG2E + SHIFTER;
     let k = shifted - SHIFTER;
     let r = (x - k * LN2_HI) - k * LN2_LO;
+    (r, shifted)
+}
+
+/// `p · 2^k`, k from the low bits of `shifted` (two's complement in the mantissa), 2^k built in
+/// its exponent bits.
+#[inline(always)]
+fn scale(p: f64, shifted: f64) -> f64 {
+    let k_bits = shifted.to_bits().wrapping_sub(SHIFTER.to_bits());
+    p * f64::from_bits(k_bits.wrapping_add(1023) << 52)
+}
+
+/// `e^x` in f64 for an f32 `x` (as f64), before the f32 rounding: the polynomial by Estrin's scheme.
+#[inline(always)]
+fn exp_f64(x: f64) -> f64 {
+    exp_f64_estrin(x, &COEF)
+}
+
+/// [`exp_f64`] with the coefficients `c` (`1/n!` from degree 0 up).
+#[inline(always)]
+fn exp_f64_estrin(x: f64, c: &[f64; 14]) -> f64 {
+    let (r, shifted) = reduce(x);
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let r8 = r4 * r4;
+    let p01 = c[0] + c[1] * r;
+    let p23 = c[2] + c[3] * r;
+    let p45 = c[4] + c[5] * r;
+    let p67 = c[6] + c[7] * r;
+    let p89 = c[8] + c[9] * r;
+    let p1011 = c[10] + c[11] * r;
+    let p1213 = c[12] + c[13] * r;
+    let q0 = p01 + p23 * r2;
+    let q1 = p45 + p67 * r2;
+    let q2 = p89 + p1011 * r2;
+    let s0 = q0 + q1 * r4;
+    let s1 = q2 + p1213 * r4;
+    scale(s0 + s1 * r8, shifted)
+}
+
+/// The polynomial by Horner's rule, from the highest degree down (the form that defines it, which
+/// the GPU's `floats.wgsl` evaluates): `inv_fact` holds `1/n!` from the highest degree n down to 2.
+#[cfg(test)]
+#[inline(always)]
+fn exp_f64_horner(x: f64, inv_fact: &[f64]) -> f64 {
+    let (r, shifted) = reduce(x);
     let mut p = inv_fact[0];
     for c in &inv_fact[1..] {
         p = p * r + c;
     }
-    let p = (p * r + 1.0) * r + 1.0;
-    // The low bits of `shifted` hold k (two's complement in the mantissa); 2^k by its exponent bits.
-    let k_bits = shifted.to_bits().wrapping_sub(SHIFTER.to_bits());
-    let scale = f64::from_bits(k_bits.wrapping_add(1023) << 52);
-    p * scale
+    scale((p * r + 1.0) * r + 1.0, shifted)
 }
 
 /// `e^x` of one f32, rounded once: the contract's exponential (DESIGN §3.8), which every other
@@ -137,9 +200,129 @@ mod tests {
     #[test]
     fn a_shorter_polynomial_is_caught() {
         // Mutation: the Taylor series stopped at degree 8 (error ~2⁻³²) rounds differently often.
-        let short = |x: f32| exp_f64_taylor(f64::from(x), &INV_FACT[5..]) as f32;
+        let short = |x: f32| exp_f64_horner(f64::from(x), &INV_FACT[5..]) as f32;
         let (diff, n) = sweep(short);
         assert!(diff * 1_000_000 > n, "only {diff} of {n} differ");
+    }
+
+    /// Every element replaced by Horner's [`exp_f64_horner`], rounded (vectorized where it can be:
+    /// the exhaustive sweep's reference).
+    fn horner_slice(xs: &mut [f32]) {
+        fn each(xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = exp_f64_horner(f64::from(*x), &INV_FACT) as f32;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        fn avx2(xs: &mut [f32]) {
+            each(xs)
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { avx2(xs) };
+        }
+        each(xs)
+    }
+
+    /// Every f32 in `[LO, HI]` (`f32` from `f64`: these bounds are f32 values), in runs of
+    /// consecutive bit patterns over two threads: `(arguments, the first whose f32 results differ)`,
+    /// stopping at the first difference when `first_only`. Arguments outside the range are clamped
+    /// to its ends before either evaluation sees them.
+    fn every_f32_in_range(
+        evaluate: impl Fn(&mut [f32]) + Sync,
+        first_only: bool,
+    ) -> (u64, Option<f32>) {
+        // The f32 bit patterns of [−0, LO] (sign set, growing magnitude) and [0, HI].
+        let ends = [
+            ((-0.0f32).to_bits(), (LO as f32).to_bits()),
+            (0, (HI as f32).to_bits()),
+        ];
+        let found = std::sync::Mutex::new(None::<f32>);
+        let count = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for (lo, hi) in ends {
+                let (found, count, evaluate) = (&found, &count, &evaluate);
+                scope.spawn(move || {
+                    const RUN: u32 = 1 << 16;
+                    let mut xs = vec![0f32; RUN as usize];
+                    let mut start = lo;
+                    while start <= hi {
+                        if first_only && found.lock().unwrap().is_some() {
+                            return;
+                        }
+                        let end = start.saturating_add(RUN - 1).min(hi);
+                        let xs = &mut xs[..(end - start + 1) as usize];
+                        for (x, bits) in xs.iter_mut().zip(start..=end) {
+                            *x = f32::from_bits(bits);
+                        }
+                        let mut got = xs.to_vec();
+                        evaluate(&mut got);
+                        let mut want = xs.to_vec();
+                        horner_slice(&mut want);
+                        for ((x, got), want) in xs.iter().zip(&got).zip(&want) {
+                            if want.to_bits() != got.to_bits() {
+                                found.lock().unwrap().get_or_insert(*x);
+                                if first_only {
+                                    return;
+                                }
+                            }
+                        }
+                        count.fetch_add(xs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        if end == u32::MAX {
+                            break;
+                        }
+                        start = end + 1;
+                    }
+                });
+            }
+        });
+        (count.into_inner(), found.into_inner().unwrap())
+    }
+
+    #[test]
+    fn estrin_equals_horner_for_every_f32() {
+        // The path every product takes (vectorized where the CPU has the width).
+        let (n, first) = every_f32_in_range(exp_slice, false);
+        assert_eq!(
+            first, None,
+            "Estrin's and Horner's f32 results differ at {first:?}"
+        );
+        assert!(n > 2_200_000_000, "{n} arguments");
+        // Outside the range both clamp to its ends; NaN stays NaN, infinities go to 0 and +inf.
+        for x in [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -1e30,
+            1e30,
+        ] {
+            let want = exp_f64_horner(f64::from(x), &INV_FACT) as f32;
+            assert_eq!(exp(x).to_bits(), want.to_bits(), "at {x}");
+        }
+    }
+
+    #[test]
+    fn estrin_without_its_last_terms_is_caught() {
+        // Mutation: the series stopped at degree 11 (truncation ~2⁻⁴⁸, a few f64 ulps, as far from
+        // Horner's result as Estrin's own rounding is near it): the sweep finds an argument whose
+        // f32 rounds differently. (Without its degree-13 term alone the polynomial still rounds
+        // every f32 the same.)
+        let mut short = COEF;
+        short[12] = 0.0;
+        short[13] = 0.0;
+        let evaluate = |xs: &mut [f32]| {
+            for x in xs.iter_mut() {
+                *x = exp_f64_estrin(f64::from(*x), &short) as f32;
+            }
+        };
+        let (_, first) = every_f32_in_range(evaluate, true);
+        assert!(
+            first.is_some(),
+            "no argument tells the shorter polynomial apart"
+        );
     }
 
     #[test]
