@@ -130,6 +130,13 @@ pub fn exp(x: f32) -> f32 {
     exp_f64(f64::from(x)) as f32
 }
 
+/// [`exp`], always inlined: for loops that other functions compile for a wider instruction set
+/// (the SiLU gate, one pass over its rows).
+#[inline(always)]
+pub(crate) fn exp_inline(x: f32) -> f32 {
+    exp_f64(f64::from(x)) as f32
+}
+
 #[inline(always)]
 fn exp_slice_generic(xs: &mut [f32]) {
     for v in xs.iter_mut() {

@@ -245,15 +245,26 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
     silu_mul_into(g, u, &mut out[start..]);
 }
 
-/// [`silu_mul`] into `out` (as long as `g`).
+/// [`silu_mul`] into `out` (as long as `g`): one pass, `g / (1 + exp(−g)) · u` per element,
+/// compiled for AVX2 where the CPU has it (the same f32 and f64 operations on every path).
 fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
-    for (o, g) in out.iter_mut().zip(g) {
-        *o = -g;
+    #[inline(always)]
+    fn each(g: &[f32], u: &[f32], out: &mut [f32]) {
+        for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
+            *o = g / (1.0 + crate::exp::exp_inline(-g)) * u;
+        }
     }
-    exp_slice(out);
-    for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
-        *o = g / (1.0 + *o) * u;
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
+        each(g, u, out)
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { avx2(g, u, out) };
+    }
+    each(g, u, out)
 }
 
 /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
@@ -296,6 +307,7 @@ pub(crate) fn softmax(row: &mut [f32]) {
 /// The largest value of `v` as the loop `if x > max { max = x }` from −∞ finds it (NaN never
 /// taken), in 16 lanes so that it vectorizes: the maximum of a set does not depend on the order it
 /// is visited in (a zero's sign may, which no later step sees: `x − (±0)` and `exp(±0)` agree).
+#[inline(always)]
 fn max_of(v: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut chunks = v.chunks_exact(16);
@@ -324,7 +336,25 @@ const SUM_ROWS: usize = 4;
 /// scaling it, changes nothing. Each row's f64 sum still adds its values left to right, but up to
 /// [`SUM_ROWS`] rows' sums advance together, so that their additions overlap instead of each
 /// waiting for the one before it.
+///
+/// Compiled for AVX2 where the CPU has it (the same operations in the same order on every path).
 pub fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn avx2(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
+        softmax_visible_rows_each(rows, n, visible)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { avx2(rows, n, visible) };
+    }
+    softmax_visible_rows_each(rows, n, visible)
+}
+
+/// [`softmax_visible_rows`]' body, inlined into each instruction set's copy.
+#[inline(always)]
+fn softmax_visible_rows_each(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
     debug_assert_eq!(rows.len(), n * visible.len());
     if n == 0 {
         return;
