@@ -246,7 +246,8 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
 }
 
 /// [`silu_mul`] into `out` (as long as `g`): one pass, `g / (1 + exp(−g)) · u` per element,
-/// compiled for AVX2 where the CPU has it (the same f32 and f64 operations on every path).
+/// compiled for AVX-512 or AVX2 where the CPU has it, as [`exp_slice`] is (the same f32 and f64
+/// operations on every path).
 fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[inline(always)]
     fn each(g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -255,14 +256,25 @@ fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
         }
     }
     #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    fn avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+        each(g, u, out)
+    }
+    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     fn avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
         each(g, u, out)
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { avx2(g, u, out) };
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { avx512(g, u, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { avx2(g, u, out) };
+        }
     }
     each(g, u, out)
 }
@@ -549,6 +561,25 @@ mod tests {
         rms_norm(&mut y, 2, &[1.0, 2.0], 0.0);
         let r = (12.5f32).sqrt();
         assert!((y[0] - 3.0 / r).abs() < 1e-6 && (y[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_vectorized_silu_gate_equals_the_scalar_one() {
+        // Every 4099th f32 bit pattern that is finite, as gates (and shifted, as ups), plus edges:
+        // whichever instruction set runs here must give `silu(g) · u` bit for bit.
+        let mut g: Vec<f32> = (0..u32::MAX / 4099)
+            .map(|i| f32::from_bits(i * 4099))
+            .filter(|x| x.is_finite())
+            .collect();
+        g.extend([0.0, -0.0, 88.7, -88.7, 104.0, -104.0, 1e-40, -1e-40, f32::MAX, f32::MIN]);
+        let u: Vec<f32> = g.iter().map(|x| x * 0.75 + 1.0).collect();
+        let mut got = vec![7.0];
+        silu_mul(&g, &u, &mut got);
+        assert_eq!(got[0], 7.0, "what was there is kept");
+        let want: Vec<u32> = g.iter().zip(&u).map(|(g, u)| (silu(*g) * u).to_bits()).collect();
+        let got: Vec<u32> = got[1..].iter().map(|v| v.to_bits()).collect();
+        let first = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(first, None, "differs at gate {:?}", first.map(|i| g[i]));
     }
 
     #[test]
