@@ -330,7 +330,19 @@ pub fn gemm_act(
 /// Integer GEMM on `backend` from quantized operands, audit, dequantize.
 pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Result<Vec<f32>, Error> {
     let (t, n) = (a.rows(), b.n());
-    let mut c: Vec<f32> = if t * n * 4 >= 4 << 20 {
+    let mut c = output_memory(t, n);
+    gemm_quantized_into(backend, a, b, &mut c)?;
+    Ok(c)
+}
+
+/// Memory for a product's `t × n` outputs: an output given back on this thread
+/// ([`recycle_output`]), holding whatever it held, or fresh zeroed memory. Either way every backend
+/// writes every cell of its accumulators (the trait's contract) before any is read.
+fn output_memory(t: usize, n: usize) -> Vec<f32> {
+    if let Some(c) = reused_output(t * n) {
+        return c;
+    }
+    if t * n * 4 >= 4 << 20 {
         // Fresh pages, faulted in by the kernel's own threads (as huge pages where granted).
         let mut c = vec![0f32; t * n];
         advise_huge_pages(&mut c);
@@ -338,9 +350,86 @@ pub fn gemm_quantized(backend: &dyn Backend, a: &Quantized, b: Rhs<'_>) -> Resul
     } else {
         // Zeroed row by row on the threads that will write those rows.
         pool::zeroed_rows(t, n, pool::rows_per_chunk(t, n, PARALLEL_MIN_ELEMENTS / 4))
-    };
-    gemm_quantized_into(backend, a, b, &mut c)?;
-    Ok(c)
+    }
+}
+
+thread_local! {
+    /// Outputs given back on this thread ([`recycle_output`]), for the next products' outputs.
+    static OUTPUTS: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Outputs a thread keeps: a layer's products (q/k/v, o, gate/up, down), the activation between
+/// them, and attention's scores of several heads.
+const OUTPUTS_MAX: usize = 8;
+
+/// The most bytes of outputs a thread keeps (a 512-row prefill of SmolLM2's gate/up is 6.3 MB).
+const OUTPUTS_MAX_BYTES: usize = 24 << 20;
+
+/// A buffer of `len` f32 from the outputs given back on this thread (the smallest that holds
+/// `len`), its values whatever it held (zeros past its old length); `None` when there is none.
+fn reused_output(len: usize) -> Option<Vec<f32>> {
+    if len == 0 {
+        return None;
+    }
+    OUTPUTS
+        .try_with(|o| {
+            let mut o = o.try_borrow_mut().ok()?;
+            let best = (0..o.len())
+                .filter(|&i| o[i].capacity() >= len)
+                .min_by_key(|&i| o[i].capacity())?;
+            let mut v = o.swap_remove(best);
+            if v.len() >= len {
+                v.truncate(len);
+            } else {
+                v.resize(len, 0.0);
+            }
+            Some(v)
+        })
+        .ok()
+        .flatten()
+}
+
+/// Free the outputs given back on this thread whose memory exceeds `bytes` (the end of a pass: a
+/// long prefill's outputs are megabytes, which the next pass, a decode token, does not need).
+pub fn release_outputs_over(bytes: usize) {
+    let _ = OUTPUTS.try_with(|o| {
+        if let Ok(mut o) = o.try_borrow_mut() {
+            o.retain(|v| v.capacity() * 4 <= bytes);
+        }
+    });
+}
+
+/// A buffer of `len` f32 whose values are unspecified (those of an output given back with
+/// [`recycle_output`], or zeros): for work that writes every element before reading any (an
+/// activation between two products). Its memory is reused rather than allocated and zeroed.
+pub fn output_buffer(len: usize) -> Vec<f32> {
+    reused_output(len).unwrap_or_else(|| vec![0.0; len])
+}
+
+/// Keep `v`'s memory for the outputs of this thread's next products ([`gemm`],
+/// [`gemm_quantized`], [`gemm_quantized_batch`], [`output_buffer`]): a product's output that its
+/// caller is done with. Up to [`OUTPUTS_MAX`] buffers and [`OUTPUTS_MAX_BYTES`] are kept (the
+/// smallest given way to a larger one); the rest is freed.
+pub fn recycle_output(v: Vec<f32>) {
+    let bytes = |v: &Vec<f32>| v.capacity() * 4;
+    if v.capacity() == 0 || bytes(&v) > OUTPUTS_MAX_BYTES {
+        return;
+    }
+    // A thread being torn down, or the list in use further up this thread's stack, frees it.
+    let _ = OUTPUTS.try_with(|o| {
+        let Ok(mut o) = o.try_borrow_mut() else {
+            return;
+        };
+        if o.capacity() == 0 {
+            o.reserve_exact(OUTPUTS_MAX);
+        }
+        o.push(v);
+        // Over a limit: free the smallest first (the large ones are what zeroing costs most).
+        while o.len() > OUTPUTS_MAX || o.iter().map(bytes).sum::<usize>() > OUTPUTS_MAX_BYTES {
+            let smallest = (0..o.len()).min_by_key(|&i| o[i].capacity()).unwrap_or(0);
+            drop(o.swap_remove(smallest));
+        }
+    });
 }
 
 /// Ask the kernel to back a large fresh buffer (the lm_head's output at long T is 100 MB) with
@@ -381,14 +470,11 @@ pub fn gemm_quantized_batch(
     backend: &dyn Backend,
     pairs: &[(&Quantized, Rhs<'_>)],
 ) -> Result<Vec<Vec<f32>>, Error> {
-    // Zeroed row by row on the threads that will write those rows (attention's scores at a long
-    // prompt are megabytes per layer).
+    // Given back outputs, or zeroed row by row on the threads that will write those rows
+    // (attention's scores at a long prompt are megabytes per layer).
     let mut outs: Vec<Vec<f32>> = pairs
         .iter()
-        .map(|(a, b)| {
-            let (t, n) = (a.rows(), b.n());
-            pool::zeroed_rows(t, n, pool::rows_per_chunk(t, n, PARALLEL_MIN_ELEMENTS / 4))
-        })
+        .map(|(a, b)| output_memory(a.rows(), b.n()))
         .collect();
     {
         let mut items: smallvec::SmallVec<[BatchItem<'_>; 8]> =

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use daisy_gemm_int8::{
     Backend, CpuBackend, Error, Isa, MAX_K, Operand, PackedWeights, Quantized, Rhs, audit,
-    check_shapes, dequantize, exact_gates, gemm, gemm_act, gemm_quantized_into, measure_rate,
-    probe, quantize_rows, quantize_rows_reusing, recycle, reference_i32,
+    check_shapes, dequantize, exact_gates, gemm, gemm_act, gemm_quantized, gemm_quantized_batch,
+    gemm_quantized_into, measure_rate, output_buffer, probe, quantize_rows, quantize_rows_reusing,
+    recycle, recycle_output, reference_i32,
 };
 
 /// The test's own generator (xorshift64*), independent of the crate's seeded stream.
@@ -654,6 +655,93 @@ fn operands_quantized_into_recycled_memory_equal_fresh_ones() {
     // gives (so the equalities above see what they compare).
     let stale = quantize_rows(&matrix(52, 3, 16), 3, 16).unwrap();
     assert_ne!(again, stale);
+}
+
+/// A backend that computes every cell but the last (a kernel that forgets a cell).
+struct SkipsLast(CpuBackend);
+
+impl Backend for SkipsLast {
+    fn name(&self) -> String {
+        "skips-last".to_string()
+    }
+
+    fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
+        let mut full = vec![0; out.len()];
+        self.0.gemm_i32(a, b, &mut full)?;
+        let last = out.len().saturating_sub(1);
+        out[..last].copy_from_slice(&full[..last]);
+        Ok(())
+    }
+}
+
+#[test]
+fn outputs_written_into_recycled_memory_equal_fresh_ones() {
+    let be = CpuBackend::new();
+    // (rows, K, N): larger, smaller, decode-sized and empty products in turn.
+    let shapes = [
+        (6, 200, 48),
+        (2, 37, 20),
+        (1, 576, 192),
+        (9, 64, 130),
+        (0, 16, 8),
+    ];
+    let fresh: Vec<Vec<f32>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, k, n))| {
+            let w = PackedWeights::new(&matrix(60 + i as u64, n, k), n, k).unwrap();
+            gemm(&be, &matrix(70 + i as u64, t, k), t, &w).unwrap()
+        })
+        .collect();
+    for round in 0..2 {
+        // Memory holding values no product gives (NaN patterns), given back before each product.
+        recycle_output(vec![f32::from_bits(0x7fc0_0123); 6 * 48]);
+        recycle_output(vec![f32::from_bits(0xffc0_0456); 40]);
+        for (i, (&(t, k, n), want)) in shapes.iter().zip(&fresh).enumerate() {
+            let w = PackedWeights::new(&matrix(60 + i as u64, n, k), n, k).unwrap();
+            let got = gemm(&be, &matrix(70 + i as u64, t, k), t, &w).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(want), "round {round}, shape {t}×{k}×{n}");
+            recycle_output(got);
+        }
+    }
+    // The memory goes round: on a thread with nothing given back yet, an output given back is
+    // the next one's.
+    let w = PackedWeights::new(&matrix(80, 16, 32), 16, 32).unwrap();
+    let a = matrix(81, 4, 32);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let first = gemm(&be, &a, 4, &w).unwrap();
+            let place = first.as_ptr();
+            recycle_output(first);
+            let second = gemm(&be, &a, 4, &w).unwrap();
+            assert_eq!(
+                second.as_ptr(),
+                place,
+                "a new buffer, not the one given back"
+            );
+            recycle_output(second);
+            let plain = output_buffer(64);
+            assert_eq!((plain.as_ptr(), plain.len()), (place, 64));
+        });
+    });
+    // A batch's outputs and a plain buffer take given-back memory too, at the length asked.
+    let qa = quantize_rows(&a, 4, 32).unwrap();
+    let outs =
+        gemm_quantized_batch(&be, &[(&qa, Rhs::Weights(&w)), (&qa, Rhs::Weights(&w))]).unwrap();
+    assert_eq!(outs[0], gemm_quantized(&be, &qa, Rhs::Weights(&w)).unwrap());
+    assert_eq!(outs[0], outs[1]);
+    outs.into_iter().for_each(recycle_output);
+    assert_eq!(output_buffer(1000).len(), 1000);
+    // Mutation: a backend that leaves a cell unwritten gives the stale value there, which a
+    // fresh product does not (so the equalities above see what they compare).
+    recycle_output(vec![f32::from_bits(0x7fc0_0789); 64]);
+    let skipped = gemm(&SkipsLast(be), &a, 4, &w).unwrap();
+    let want = gemm(&be, &a, 4, &w).unwrap();
+    assert_ne!(
+        skipped.last().map(|v| v.to_bits()),
+        want.last().map(|v| v.to_bits())
+    );
 }
 
 /// DeepGEMM's layout for comparison (GUIDE "DeepInfer"): one weight scale per 128 channels of K per

@@ -203,7 +203,8 @@ pub(crate) fn attention(
         false => 1,
     };
     let groups: PerKvHead<usize> = (0..num_kv_heads).collect();
-    let mut out = vec![0f32; t * q_cols];
+    // Every cell is written below (each head's rows of each kv group).
+    let mut out = daisy_gemm_int8::output_buffer(t * q_cols);
     for gs in groups.chunks(batch) {
         let named = |kind: &'static str| {
             move || match gs {
@@ -275,6 +276,11 @@ pub(crate) fn attention(
                 }
             }
         }
+        drop(jobs);
+        scores
+            .into_iter()
+            .chain(outs)
+            .for_each(daisy_gemm_int8::recycle_output);
     }
     Ok(out)
 }

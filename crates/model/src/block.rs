@@ -15,6 +15,7 @@ use crate::ops::{
 use crate::shard::{Put, Take};
 use crate::source::{Source, read_shaped};
 use crate::{Error, Result};
+use daisy_gemm_int8::recycle_output;
 use daisy_loader::{Arch, HiddenAct, ModelConfig};
 
 pub(crate) enum Block {
@@ -329,7 +330,8 @@ impl LlamaBlock {
         let h = cfg.hidden_size;
         let qd = cfg.num_heads * cfg.head_dim;
         let kvd = cfg.num_kv_heads * cfg.head_dim;
-        let mut hs = x.to_vec();
+        let mut hs = daisy_gemm_int8::output_buffer(x.len());
+        hs.copy_from_slice(x);
         rms_norm(&mut hs, h, &self.input_norm, cfg.norm_eps);
         let mut qkv = self
             .qkv
@@ -344,10 +346,13 @@ impl LlamaBlock {
         // The query heads and the key heads lie side by side at the start of each row.
         rotate(&mut qkv, qd + 2 * kvd, qd + kvd, rope);
         let attn = attention(cx, &heads(cfg, i), &qkv, t, pos0, cache, i)?;
+        recycle_output(qkv);
         let o = self.o.forward(cx, &attn, t, &|| {
             format!("layer {i} attention output projection")
         })?;
+        recycle_output(attn);
         add_rows(x, &o, h);
+        recycle_output(o);
         if ahead {
             self.gate_up.prefetch();
         }
@@ -371,10 +376,14 @@ impl LlamaBlock {
             }
             act
         };
+        recycle_output(gu);
         let d = self
             .down
             .forward(cx, &act, t, &|| format!("layer {i} down projection"))?;
+        recycle_output(act);
         add_rows(x, &d, h);
+        recycle_output(d);
+        recycle_output(hs);
         Ok(())
     }
 }

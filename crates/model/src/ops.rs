@@ -228,7 +228,8 @@ pub(crate) fn silu(x: f32) -> f32 {
 /// The activation of the gated MLP over `t` rows of `gu` (each row its gate, then its up values,
 /// `inter` of each): `silu(gate) · up` per element, rows shared out over the GEMM's threads.
 pub(crate) fn silu_mul_rows(gu: &[f32], inter: usize) -> Vec<f32> {
-    let mut act = vec![0f32; gu.len() / 2];
+    // Every element is written below.
+    let mut act = daisy_gemm_int8::output_buffer(gu.len() / 2);
     for_each_rows(&mut act, inter, |r0, rows| {
         for (r, out) in rows.chunks_exact_mut(inter).enumerate() {
             let (g, u) = gu[(r0 + r) * 2 * inter..(r0 + r + 1) * 2 * inter].split_at(inter);
@@ -571,12 +572,27 @@ mod tests {
             .map(|i| f32::from_bits(i * 4099))
             .filter(|x| x.is_finite())
             .collect();
-        g.extend([0.0, -0.0, 88.7, -88.7, 104.0, -104.0, 1e-40, -1e-40, f32::MAX, f32::MIN]);
+        g.extend([
+            0.0,
+            -0.0,
+            88.7,
+            -88.7,
+            104.0,
+            -104.0,
+            1e-40,
+            -1e-40,
+            f32::MAX,
+            f32::MIN,
+        ]);
         let u: Vec<f32> = g.iter().map(|x| x * 0.75 + 1.0).collect();
         let mut got = vec![7.0];
         silu_mul(&g, &u, &mut got);
         assert_eq!(got[0], 7.0, "what was there is kept");
-        let want: Vec<u32> = g.iter().zip(&u).map(|(g, u)| (silu(*g) * u).to_bits()).collect();
+        let want: Vec<u32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| (silu(*g) * u).to_bits())
+            .collect();
         let got: Vec<u32> = got[1..].iter().map(|v| v.to_bits()).collect();
         let first = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(first, None, "differs at gate {:?}", first.map(|i| g[i]));

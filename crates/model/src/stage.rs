@@ -31,6 +31,10 @@ struct Head {
 /// included).
 const DEVICE_LOGITS_ROWS: usize = 16;
 
+/// The largest output of a layer's products kept from one pass to the next (a decode token's are
+/// kilobytes; a 512-row prefill's gate/up megabytes).
+const KEPT_OUTPUT_BYTES: usize = 64 << 10;
+
 /// Layers `[a, b)` of one model, plus the embedding, final norm and lm_head on the head.
 pub struct Stage {
     cfg: ModelConfig,
@@ -557,6 +561,9 @@ impl Stage {
                 }
             }
         }
+        // The layers' outputs went round from one layer to the next; the large ones (a long
+        // prompt's) are not kept past the pass.
+        daisy_gemm_int8::release_outputs_over(KEPT_OUTPUT_BYTES);
         Ok(())
     }
 
