@@ -124,52 +124,22 @@ fn exp_f64_horner(x: f64, inv_fact: &[f64]) -> f64 {
 }
 
 /// `e^x` of one f32, rounded once: the contract's exponential (DESIGN §3.8), which every other
-/// implementation of it (the GPU's, `daisy-wgsl`'s `floats.wgsl`) is held to bit for bit.
-#[inline]
+/// implementation of it (the GPU's, `daisy-wgsl`'s `floats.wgsl`) is held to bit for bit. Always
+/// inlined, so loops compiled for a wider instruction set (`widest_simd!`) vectorize it.
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     exp_f64(f64::from(x)) as f32
 }
 
-/// [`exp`], always inlined: for loops that other functions compile for a wider instruction set
-/// (the SiLU gate, one pass over its rows).
-#[inline(always)]
-pub(crate) fn exp_inline(x: f32) -> f32 {
-    exp_f64(f64::from(x)) as f32
-}
-
-#[inline(always)]
-fn exp_slice_generic(xs: &mut [f32]) {
-    for v in xs.iter_mut() {
-        *v = exp_f64(f64::from(*v)) as f32;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn exp_slice_avx512(xs: &mut [f32]) {
-    exp_slice_generic(xs);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn exp_slice_avx2(xs: &mut [f32]) {
-    exp_slice_generic(xs);
-}
-
 /// Every element replaced by its [`exp`], vectorized for the machine (same bits on every path).
 pub(crate) fn exp_slice(xs: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { exp_slice_avx512(xs) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { exp_slice_avx2(xs) };
+    #[inline(always)]
+    fn each(xs: &mut [f32]) {
+        for v in xs.iter_mut() {
+            *v = exp(*v);
         }
     }
-    exp_slice_generic(xs);
+    widest_simd!(each(xs: &mut [f32]))
 }
 
 #[cfg(test)]
@@ -215,22 +185,13 @@ mod tests {
     /// Every element replaced by Horner's [`exp_f64_horner`], rounded (vectorized where it can be:
     /// the exhaustive sweep's reference).
     fn horner_slice(xs: &mut [f32]) {
+        #[inline(always)]
         fn each(xs: &mut [f32]) {
             for x in xs.iter_mut() {
                 *x = exp_f64_horner(f64::from(*x), &INV_FACT) as f32;
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        fn avx2(xs: &mut [f32]) {
-            each(xs)
-        }
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { avx2(xs) };
-        }
-        each(xs)
+        widest_simd!(each(xs: &mut [f32]))
     }
 
     /// Every f32 in `[LO, HI]` (`f32` from `f64`: these bounds are f32 values), in runs of

@@ -7,6 +7,35 @@
 //! transcendentals computed in f64 and rounded once (DESIGN.md §3.8; see `ops`). `model` knows nothing about the network: the rest of the
 //! ring is a callback ([`Pass`]).
 
+/// Call `$body($args)`, a function marked `#[inline(always)]` whose loops the compiler vectorizes,
+/// in a copy compiled for AVX-512F or AVX2 where the CPU has it (checked at run time), else as
+/// built. Element-wise f32 and f64 work gives the same bits in every copy (no operation is fused
+/// or reordered, only run on wider registers). Use it as a function's whole body.
+macro_rules! widest_simd {
+    ($body:ident($($arg:ident: $ty:ty),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            #[target_feature(enable = "avx512f")]
+            fn avx512($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            #[target_feature(enable = "avx2")]
+            fn avx2($($arg: $ty),*) {
+                $body($($arg),*)
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F (checked just above).
+                return unsafe { avx512($($arg),*) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2 (checked just above).
+                return unsafe { avx2($($arg),*) };
+            }
+        }
+        $body($($arg),*)
+    }};
+}
+
 mod attention;
 mod block;
 mod checkpoint;

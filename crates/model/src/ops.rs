@@ -247,37 +247,16 @@ pub fn silu_mul(g: &[f32], u: &[f32], out: &mut Vec<f32>) {
 }
 
 /// [`silu_mul`] into `out` (as long as `g`): one pass, `g / (1 + exp(−g)) · u` per element,
-/// compiled for AVX-512 or AVX2 where the CPU has it, as [`exp_slice`] is (the same f32 and f64
+/// compiled for the widest instruction set the CPU has, as [`exp_slice`] is (the same f32 and f64
 /// operations on every path).
 fn silu_mul_into(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[inline(always)]
     fn each(g: &[f32], u: &[f32], out: &mut [f32]) {
         for ((o, g), u) in out.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + crate::exp::exp_inline(-g)) * u;
+            *o = g / (1.0 + exp(-g)) * u;
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
-    fn avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
-        each(g, u, out)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
-        each(g, u, out)
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { avx512(g, u, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { avx2(g, u, out) };
-        }
-    }
-    each(g, u, out)
+    widest_simd!(each(g: &[f32], u: &[f32], out: &mut [f32]))
 }
 
 /// GPT-2's `gelu_new`: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
@@ -350,19 +329,14 @@ const SUM_ROWS: usize = 4;
 /// [`SUM_ROWS`] rows' sums advance together, so that their additions overlap instead of each
 /// waiting for the one before it.
 ///
-/// Compiled for AVX2 where the CPU has it (the same operations in the same order on every path).
+/// Compiled for the widest instruction set the CPU has (the same operations in the same order on
+/// every path).
 pub fn softmax_visible_rows(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn avx2(rows: &mut [f32], n: usize, visible: &[std::ops::Range<usize>]) {
-        softmax_visible_rows_each(rows, n, visible)
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { avx2(rows, n, visible) };
-    }
-    softmax_visible_rows_each(rows, n, visible)
+    widest_simd!(softmax_visible_rows_each(
+        rows: &mut [f32],
+        n: usize,
+        visible: &[std::ops::Range<usize>]
+    ))
 }
 
 /// [`softmax_visible_rows`]' body, inlined into each instruction set's copy.
