@@ -291,6 +291,19 @@ pub fn quantize_rows_reusing(a: &[f32], rows: usize, k: usize) -> Result<Quantiz
     quant::quantize_reusing(Operand::A, a, rows, k, spare)
 }
 
+/// The top-left `rows × cols` corner of `q` (its first rows, each cut to its first values, each
+/// keeping its whole row's scale) into memory given back on this thread with [`recycle`]: the
+/// operand of a product whose other operand is zero past column `cols`, whose cells are then those
+/// of the whole rows (attention's causal triangle). Refuses a corner larger than `q`.
+pub fn leading_reusing(q: &Quantized, rows: usize, cols: usize) -> Result<Quantized, Error> {
+    let spare = SPARES
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    q.leading_into(rows, cols, spare)
+}
+
 /// Keep `q`'s memory for the next [`quantize_rows_reusing`] on this thread (up to [`SPARES_MAX`]
 /// operands of at most [`SPARE_MAX_BYTES`] each; the rest is freed).
 pub fn recycle(q: Quantized) {

@@ -94,6 +94,42 @@ impl Quantized {
         }
     }
 
+    /// The first `rows` rows and, of each, its first `cols` values, into `(q, scales)`' memory.
+    /// Each row keeps the scale of its whole length, so this is not what quantizing the shorter
+    /// rows would give: it is the operand of a product whose other operand is zero past column
+    /// `cols` (attention's causal triangle), whose cells are then exactly those of the whole rows.
+    pub(crate) fn leading_into(
+        &self,
+        rows: usize,
+        cols: usize,
+        (mut q, mut scales): (Vec<i8>, Vec<f32>),
+    ) -> Result<Quantized, Error> {
+        if rows > self.rows || cols > self.k {
+            return Err(Error::Shape {
+                what: "leading corner of quantized rows",
+                got: rows.max(cols),
+                expected: if rows > self.rows { self.rows } else { self.k },
+            });
+        }
+        q.clear();
+        scales.clear();
+        q.reserve(rows * cols);
+        if cols == self.k {
+            q.extend_from_slice(&self.q[..rows * cols]);
+        } else {
+            for row in self.q.chunks_exact(self.k.max(1)).take(rows) {
+                q.extend_from_slice(&row[..cols]);
+            }
+        }
+        scales.extend_from_slice(&self.scales[..rows]);
+        Ok(Quantized {
+            rows,
+            k: cols,
+            q,
+            scales,
+        })
+    }
+
     /// Rows whose invariants the caller already holds (unpacked from a `PackedWeights`).
     pub(crate) fn from_raw(rows: usize, k: usize, q: Vec<i8>, scales: Vec<f32>) -> Self {
         Self { rows, k, q, scales }

@@ -5,6 +5,10 @@
 //! q−W < k ≤ q), softmax in f32, times V. It differs in that both products are GEMMs over every key
 //! present in the call — masked keys included, with masked probabilities exactly 0 — so that the
 //! sliding window never changes which rows enter a GEMM (and so never changes an int8 scale).
+//! At int8 a long call's query rows go in runs of 64, each run's products stopping at the last key
+//! it sees (half the causal square is never computed): the kept keys and values keep their
+//! scales, and the dropped cells are masked scores and zero probabilities, so every cell is the
+//! whole call's, bit for bit.
 //!
 //! The query heads that share a kv head g run as one GEMM pair: their rows stacked into one A against
 //! the same K_g (and V_gᵀ). Rows quantize independently, so each cell is the one a GEMM per head gives,
@@ -13,7 +17,7 @@
 //! go to the backend as one batch of independent products (one round trip on a GPU) while their
 //! scores are small; each product's cells are the same either way.
 
-use daisy_gemm_int8::{GrowingRows, Quantized, for_each_rows};
+use daisy_gemm_int8::{Error as GemmError, GrowingRows, Quantized, for_each_rows};
 use smallvec::SmallVec;
 
 use crate::gemm::{ActRhs, Ctx, act_gemm_batch, act_rhs, quantize_keys};
@@ -68,6 +72,22 @@ const BATCH_SCORE_CELLS: usize = 1 << 22;
 /// Score rows masked and softmaxed together (their sums advance together).
 const SOFTMAX_ROWS: usize = 8;
 
+/// Query rows from which a call's products are cut into runs of this many rows, each against the
+/// keys it sees only (the causal triangle's other half is never computed).
+const CAUSAL_ROWS: usize = 64;
+
+/// The query rows of one run of an attention call's products: the whole call where its rows are
+/// few, or at f32 (whose sums over a shorter row need not round as over the whole); runs of
+/// [`CAUSAL_ROWS`] otherwise. At int8 a run's cells are those of the whole call bit for bit: rows
+/// quantize independently, the keys a run leaves out are the masked ones, and its probabilities
+/// there are exactly 0, so the values' integer sums are the same without them.
+fn causal_rows(precision: crate::Precision, t: usize) -> usize {
+    match precision.is_int8() && t > CAUSAL_ROWS {
+        true => CAUSAL_ROWS,
+        false => t.max(1),
+    }
+}
+
 /// One entry per kv head of a call, held inline up to eight (no allocation per layer at decode).
 type PerKvHead<T> = SmallVec<[T; 8]>;
 
@@ -99,6 +119,30 @@ pub(crate) fn attention(
     cache: Option<&mut LayerCache>,
     layer: usize,
 ) -> Result<Vec<f32>> {
+    let step = causal_rows(cx.precision, t);
+    attention_in_runs(cx, shape, (qkv, t, pos0), cache, layer, step, leading)
+}
+
+/// A leading corner of a product's B operand (`n` rows of their first `k` values).
+type Cut = fn(&ActRhs<'_>, usize, usize) -> std::result::Result<ActRhs<'static>, GemmError>;
+
+/// [`ActRhs::leading`]: each row keeps its whole row's scale.
+fn leading(b: &ActRhs<'_>, n: usize, k: usize) -> std::result::Result<ActRhs<'static>, GemmError> {
+    b.leading(n, k)
+}
+
+/// [`attention`] with its query rows in runs of `step` (the whole call when `step ≥ t`), each run's
+/// keys and values cut to the ones it sees by `cut`.
+fn attention_in_runs(
+    cx: Ctx<'_>,
+    shape: &Heads,
+    (qkv, t, pos0): (&[f32], usize, usize),
+    cache: Option<&mut LayerCache>,
+    layer: usize,
+    step: usize,
+    cut: Cut,
+) -> Result<Vec<f32>> {
+    let step = step.max(1);
     let Heads {
         num_heads,
         num_kv_heads,
@@ -114,9 +158,9 @@ pub(crate) fn attention(
             qkv.len()
         )));
     }
-    // Head `g`'s columns of the part that starts at column `from` of every row.
-    let split = |from: usize, g: usize, out: &mut Vec<f32>| {
-        for row in qkv.chunks_exact(width) {
+    // Head `g`'s columns of the part that starts at column `from` of the rows `rows`.
+    let split = |from: usize, g: usize, rows: std::ops::Range<usize>, out: &mut Vec<f32>| {
+        for row in qkv.chunks_exact(width).take(rows.end).skip(rows.start) {
             out.extend_from_slice(&row[from + g * hd..from + (g + 1) * hd]);
         }
     };
@@ -158,7 +202,7 @@ pub(crate) fn attention(
     let mut new_k = Vec::with_capacity(t * hd);
     for g in 0..num_kv_heads {
         new_k.clear();
-        split(q_cols, g, &mut new_k);
+        split(q_cols, g, 0..t, &mut new_k);
         if cx.precision.is_int8() {
             let what = || format!("keys of layer {layer} kv head {g}");
             let planes = (&mut cache.kq[g], cache.kq2.get_mut(g));
@@ -168,7 +212,7 @@ pub(crate) fn attention(
             cache.k[g].extend_from_slice(&new_k);
         }
         new_k.clear();
-        split(q_cols + kv_cols, g, &mut new_k);
+        split(q_cols + kv_cols, g, 0..t, &mut new_k);
         cache.vt[g].push_columns(&new_k, t).map_err(|e| {
             crate::gemm::gemm_err(&|| format!("values of layer {layer} kv head {g}"), e)
         })?;
@@ -178,27 +222,29 @@ pub(crate) fn attention(
     let cache = &*cache;
     let scale = score_scale(hd);
     let group = num_heads / num_kv_heads;
-    let rows = group * t;
-    // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row.
-    // Rows from `r0` of one group's scores, SOFTMAX_ROWS at a time.
-    let mask_softmax = |r0: usize, rows: &mut [f32]| {
-        for (c, chunk) in rows.chunks_mut(SOFTMAX_ROWS * nk).enumerate() {
-            let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
-            let count = chunk.len() / nk;
-            for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nk)).enumerate() {
-                let qpos = pos0 + (r0 + c * SOFTMAX_ROWS + j) % t;
-                let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
-                *run = lo..(qpos + 1).min(nk);
-                for s in row.get_mut(run.clone()).unwrap_or_default() {
-                    *s *= scale;
+    // A query at qpos sees the keys kpos ≤ qpos with kpos + W > qpos: one run of its row. The
+    // scores of one group for the `c` query rows from position `q0`, `nv` keys wide, head after
+    // head: rows from `r0`, SOFTMAX_ROWS at a time.
+    let mask_softmax = |q0: usize, c: usize, nv: usize| {
+        move |r0: usize, rows: &mut [f32]| {
+            for (i, chunk) in rows.chunks_mut(SOFTMAX_ROWS * nv).enumerate() {
+                let mut runs: [std::ops::Range<usize>; SOFTMAX_ROWS] = Default::default();
+                let count = chunk.len() / nv;
+                for (j, (run, row)) in runs.iter_mut().zip(chunk.chunks_exact_mut(nv)).enumerate() {
+                    let qpos = q0 + (r0 + i * SOFTMAX_ROWS + j) % c;
+                    let lo = window.map_or(0, |w| (qpos + 1).saturating_sub(w));
+                    *run = lo..(qpos + 1).min(nv);
+                    for s in row.get_mut(run.clone()).unwrap_or_default() {
+                        *s *= scale;
+                    }
                 }
+                softmax_visible_rows(chunk, nv, &runs[..count]);
             }
-            softmax_visible_rows(chunk, nk, &runs[..count]);
         }
     };
     // The kv-head groups whose products go to the backend together (one round trip per kind of
     // product on a device): all of them while their scores stay small, else one at a time.
-    let batch = match rows * nk * num_kv_heads <= BATCH_SCORE_CELLS {
+    let batch = match group * t * nk * num_kv_heads <= BATCH_SCORE_CELLS {
         true => num_kv_heads,
         false => 1,
     };
@@ -216,36 +262,6 @@ pub(crate) fn attention(
                 ),
             }
         };
-        // A: the rows of every query head of a group, head after head; the groups one after
-        // another in one buffer.
-        let mut queries = Vec::with_capacity(gs.len() * rows * hd);
-        for &g in gs {
-            for h in g * group..(g + 1) * group {
-                split(0, h, &mut queries);
-            }
-        }
-        let keys: PerKvHead<ActRhs<'_>> = gs
-            .iter()
-            .map(|&g| match cx.precision {
-                crate::Precision::Int8 | crate::Precision::Int8x2 => {
-                    ActRhs::Int8(&cache.kq[g], cache.kq2.get(g))
-                }
-                crate::Precision::F32 => ActRhs::F32 {
-                    b: &cache.k[g],
-                    n: nk,
-                    k: hd,
-                },
-            })
-            .collect();
-        let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = queries
-            .chunks_exact(rows * hd)
-            .zip(&keys)
-            .map(|(a, b)| (a, rows, b))
-            .collect();
-        let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
-        for s in &mut scores {
-            for_each_rows(s, nk, mask_softmax);
-        }
         // V_gᵀ: one row per value channel over every key present; at int8 kept quantized by the
         // cache, otherwise made into this call's operand from its f32 rows.
         let vts: Vec<Vec<f32>> = gs
@@ -262,25 +278,192 @@ pub(crate) fn attention(
                 .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
                 .collect::<Result<_>>()?,
         };
-        let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = scores
+        let keys: PerKvHead<ActRhs<'_>> = gs
             .iter()
-            .zip(&values)
-            .map(|(a, b)| (a.as_slice(), rows, b))
+            .map(|&g| match cx.precision {
+                crate::Precision::Int8 | crate::Precision::Int8x2 => {
+                    ActRhs::Int8(&cache.kq[g], cache.kq2.get(g))
+                }
+                crate::Precision::F32 => ActRhs::F32 {
+                    b: &cache.k[g],
+                    n: nk,
+                    k: hd,
+                },
+            })
             .collect();
-        let outs = act_gemm_batch(cx, &jobs, &named("values"))?;
-        for (&g, o) in gs.iter().zip(&outs) {
-            for (hi, head) in o.chunks_exact(t * hd).enumerate() {
-                let h = g * group + hi;
-                for (r, row) in head.chunks_exact(hd).enumerate() {
-                    out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+        // The query rows `r0..r1` of the call at a time: they see the keys up to position
+        // `pos0 + r1` only, so their products stop there (the cells past it are masked, and their
+        // probabilities are exactly 0, which the values' product would only add).
+        for r0 in (0..t).step_by(step) {
+            let r1 = (r0 + step).min(t);
+            let (c, nv) = (r1 - r0, pos0 + r1);
+            let rows = group * c;
+            // A: the rows of every query head of a group, head after head; the groups one after
+            // another in one buffer.
+            let mut queries = Vec::with_capacity(gs.len() * rows * hd);
+            for &g in gs {
+                for h in g * group..(g + 1) * group {
+                    split(0, h, r0..r1, &mut queries);
+                }
+            }
+            let cut_keys: PerKvHead<ActRhs<'_>> = match nv < nk {
+                true => keys
+                    .iter()
+                    .map(|k| cut(k, nv, hd))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| crate::gemm::gemm_err(&named("keys"), e))?,
+                false => PerKvHead::new(),
+            };
+            let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = queries
+                .chunks_exact(rows * hd)
+                .zip(if nv < nk { &cut_keys } else { &keys })
+                .map(|(a, b)| (a, rows, b))
+                .collect();
+            let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
+            drop(jobs);
+            for s in &mut scores {
+                for_each_rows(s, nv, mask_softmax(pos0 + r0, c, nv));
+            }
+            let cut_values: PerKvHead<ActRhs<'_>> = match nv < nk {
+                true => values
+                    .iter()
+                    .map(|v| cut(v, hd, nv))
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| crate::gemm::gemm_err(&named("values"), e))?,
+                false => PerKvHead::new(),
+            };
+            let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = scores
+                .iter()
+                .zip(if nv < nk { &cut_values } else { &values })
+                .map(|(a, b)| (a.as_slice(), rows, b))
+                .collect();
+            let outs = act_gemm_batch(cx, &jobs, &named("values"))?;
+            drop(jobs);
+            for (&g, o) in gs.iter().zip(&outs) {
+                for (hi, head) in o.chunks_exact(c * hd).enumerate() {
+                    let h = g * group + hi;
+                    for (r, row) in (r0..r1).zip(head.chunks_exact(hd)) {
+                        out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+                    }
+                }
+            }
+            cut_keys
+                .into_iter()
+                .chain(cut_values)
+                .for_each(ActRhs::recycle);
+            scores
+                .into_iter()
+                .chain(outs)
+                .for_each(daisy_gemm_int8::recycle_output);
+        }
+        values.into_iter().for_each(ActRhs::recycle);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use daisy_gemm_int8::{CpuBackend, seeded_matrix};
+
+    use super::*;
+    use crate::Precision;
+
+    /// A cut that quantizes the kept values afresh (each row's scale over its kept part only):
+    /// the mistake the causal runs must not make.
+    fn requantizing_cut(
+        b: &ActRhs<'_>,
+        n: usize,
+        k: usize,
+    ) -> std::result::Result<ActRhs<'static>, GemmError> {
+        let ActRhs::Int8Owned((corner, None)) = b.leading(n, k)? else {
+            unreachable!("the test cuts single int8 planes")
+        };
+        let mut x = Vec::with_capacity(n * k);
+        for (r, &s) in corner.scales().iter().enumerate() {
+            x.extend(corner.row(r).iter().map(|&v| f32::from(v) * s));
+        }
+        Ok(ActRhs::Int8Owned((
+            daisy_gemm_int8::quantize_rows(&x, n, k)?,
+            None,
+        )))
+    }
+
+    /// Attention of `t` rows after `before` cached ones (none: the full window), in runs of `step`.
+    fn run(
+        precision: Precision,
+        shape: &Heads,
+        (before, t): (usize, usize),
+        step: usize,
+        cut: Cut,
+    ) -> Vec<f32> {
+        let backend = CpuBackend::new();
+        let cx = Ctx {
+            precision,
+            backend: &backend,
+        };
+        let width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim;
+        let qkv = seeded_matrix(7, before + t, width);
+        let mut cache = LayerCache::default();
+        if before > 0 {
+            let first = (&qkv[..before * width], before, 0);
+            attention_in_runs(cx, shape, first, Some(&mut cache), 0, before, cut).unwrap();
+        }
+        let rest = (&qkv[before * width..], t, before);
+        let cache = (before > 0).then_some(&mut cache);
+        attention_in_runs(cx, shape, rest, cache, 0, step, cut).unwrap()
+    }
+
+    #[test]
+    fn causal_runs_give_the_whole_calls_bits() {
+        let mut runs = 0;
+        for precision in [Precision::Int8, Precision::Int8x2] {
+            for window in [None, Some(37)] {
+                for (heads, kv) in [(6, 2), (4, 4)] {
+                    let shape = Heads {
+                        num_heads: heads,
+                        num_kv_heads: kv,
+                        head_dim: 24,
+                        window,
+                    };
+                    for (before, t) in [(0, 150), (29, 100), (5, 64), (0, 1)] {
+                        let whole = run(precision, &shape, (before, t), t, leading);
+                        for step in [1, 16, 33, 64] {
+                            let cut = run(precision, &shape, (before, t), step, |b, n, k| {
+                                b.leading(n, k)
+                            });
+                            let same = whole
+                                .iter()
+                                .zip(&cut)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same && whole.len() == cut.len(),
+                                "{} window {window:?} heads {heads}/{kv} rows {before}+{t} in runs of {step}",
+                                precision.name()
+                            );
+                            runs += 1;
+                        }
+                    }
                 }
             }
         }
-        drop(jobs);
-        scores
-            .into_iter()
-            .chain(outs)
-            .for_each(daisy_gemm_int8::recycle_output);
+        assert_eq!(runs, 2 * 2 * 2 * 4 * 4);
+        // The check sees its mistake: cutting the values by quantizing their kept part afresh
+        // moves outputs.
+        let shape = Heads {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 24,
+            window: None,
+        };
+        let whole = run(Precision::Int8, &shape, (0, 150), 150, |b, n, k| {
+            b.leading(n, k)
+        });
+        let mutant = run(Precision::Int8, &shape, (0, 150), 64, requantizing_cut);
+        let moved = whole
+            .iter()
+            .zip(&mutant)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert!(moved > 0, "a cut quantized afresh went unnoticed");
     }
-    Ok(out)
 }

@@ -7,7 +7,7 @@
 
 use daisy_gemm_int8::{
     Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
-    quantize_residual, quantize_rows_reusing, recycle,
+    leading_reusing, quantize_residual, quantize_rows_reusing, recycle,
 };
 
 use smallvec::SmallVec;
@@ -490,6 +490,39 @@ pub(crate) enum ActRhs<'a> {
     /// Its planes, quantized for this call (Vᵀ), or borrowed from the key cache.
     Int8Owned(Planes),
     Int8(&'a Quantized, Option<&'a Quantized>),
+}
+
+impl ActRhs<'_> {
+    /// Its first `n` rows, each cut to its first `k` values and keeping its whole row's scale
+    /// ([`daisy_gemm_int8::leading_reusing`]): the operand of a product whose A is zero past
+    /// column `k`. Only int8 planes are cut (an f32 operand is refused).
+    pub(crate) fn leading(
+        &self,
+        n: usize,
+        k: usize,
+    ) -> std::result::Result<ActRhs<'static>, daisy_gemm_int8::Error> {
+        let (b1, b2) = match self {
+            ActRhs::Int8Owned((b1, b2)) => (b1, b2.as_ref()),
+            ActRhs::Int8(b1, b2) => (*b1, *b2),
+            ActRhs::F32 { n: rows, .. } => {
+                return Err(daisy_gemm_int8::Error::Shape {
+                    what: "an f32 operand cut to its leading corner",
+                    got: n,
+                    expected: *rows,
+                });
+            }
+        };
+        let first = leading_reusing(b1, n, k)?;
+        let second = b2.map(|b2| leading_reusing(b2, n, k)).transpose()?;
+        Ok(ActRhs::Int8Owned((first, second)))
+    }
+
+    /// Give the planes this operand owns back to the thread's spare buffers.
+    pub(crate) fn recycle(self) {
+        if let ActRhs::Int8Owned(planes) = self {
+            recycle_planes(planes);
+        }
+    }
 }
 
 /// `b` (`n×k`) as the B operand at the context's precision: its planes for int8 and int8x2.
