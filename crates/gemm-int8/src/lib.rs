@@ -378,8 +378,9 @@ const OUTPUTS_MAX: usize = 8;
 /// The most bytes of outputs a thread keeps (a 512-row prefill of SmolLM2's gate/up is 6.3 MB).
 const OUTPUTS_MAX_BYTES: usize = 24 << 20;
 
-/// A buffer of `len` f32 from the outputs given back on this thread (the smallest that holds
-/// `len`), its values whatever it held (zeros past its old length); `None` when there is none.
+/// A buffer of `len` f32 from the outputs given back on this thread (the smallest already that
+/// long, else the smallest with room for it), its values whatever it held (zeros past its old
+/// length); `None` when there is none.
 fn reused_output(len: usize) -> Option<Vec<f32>> {
     if len == 0 {
         return None;
@@ -387,9 +388,17 @@ fn reused_output(len: usize) -> Option<Vec<f32>> {
     OUTPUTS
         .try_with(|o| {
             let mut o = o.try_borrow_mut().ok()?;
+            // The smallest that is long enough as it is, else the smallest that can grow to it
+            // (its values past its length are then zeroed: its memory beyond them may never have
+            // been written).
             let best = (0..o.len())
-                .filter(|&i| o[i].capacity() >= len)
-                .min_by_key(|&i| o[i].capacity())?;
+                .filter(|&i| o[i].len() >= len)
+                .min_by_key(|&i| o[i].capacity())
+                .or_else(|| {
+                    (0..o.len())
+                        .filter(|&i| o[i].capacity() >= len)
+                        .min_by_key(|&i| o[i].capacity())
+                })?;
             let mut v = o.swap_remove(best);
             if v.len() >= len {
                 v.truncate(len);
