@@ -378,9 +378,16 @@ const OUTPUTS_MAX: usize = 8;
 /// The most bytes of outputs a thread keeps (a 512-row prefill of SmolLM2's gate/up is 6.3 MB).
 const OUTPUTS_MAX_BYTES: usize = 24 << 20;
 
-/// A buffer of `len` f32 from the outputs given back on this thread (the smallest already that
-/// long, else the smallest with room for it), its values whatever it held (zeros past its old
-/// length); `None` when there is none.
+/// A given-back output is lent for a smaller one only up to this many times that one's length…
+const OUTPUT_SPARE_RATIO: usize = 4;
+
+/// …unless it is at most this many f32 (64 KiB: a decode token's outputs, which then never
+/// allocate).
+const OUTPUT_SMALL: usize = 16 << 10;
+
+/// A buffer of `len` f32 from the outputs given back on this thread (the smallest that holds
+/// `len`, and not one over [`OUTPUT_SPARE_RATIO`] times larger unless it is small), its values
+/// whatever it held (zeros past its old length); `None` when there is none.
 fn reused_output(len: usize) -> Option<Vec<f32>> {
     if len == 0 {
         return None;
@@ -388,17 +395,16 @@ fn reused_output(len: usize) -> Option<Vec<f32>> {
     OUTPUTS
         .try_with(|o| {
             let mut o = o.try_borrow_mut().ok()?;
-            // The smallest that is long enough as it is, else the smallest that can grow to it
-            // (its values past its length are then zeroed: its memory beyond them may never have
-            // been written).
+            // The smallest that holds it, but not a large one for a small output: lent, it would
+            // come back cut to that output's length, and the next large output it serves would
+            // have to be zeroed past that length (its memory there may never have been written)
+            // — a 512-token prefill zeroed its gate/up output, 6 MB, in every layer so.
             let best = (0..o.len())
-                .filter(|&i| o[i].len() >= len)
-                .min_by_key(|&i| o[i].capacity())
-                .or_else(|| {
-                    (0..o.len())
-                        .filter(|&i| o[i].capacity() >= len)
-                        .min_by_key(|&i| o[i].capacity())
-                })?;
+                .filter(|&i| {
+                    let cap = o[i].capacity();
+                    cap >= len && (cap <= OUTPUT_SPARE_RATIO * len || cap <= OUTPUT_SMALL)
+                })
+                .min_by_key(|&i| o[i].capacity())?;
             let mut v = o.swap_remove(best);
             if v.len() >= len {
                 v.truncate(len);

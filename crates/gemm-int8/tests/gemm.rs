@@ -751,6 +751,33 @@ fn outputs_written_into_recycled_memory_equal_fresh_ones() {
     }
 }
 
+#[test]
+fn a_large_output_given_back_waits_for_a_large_one() {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A prefill's gate/up output given back, then a small product's output asked for.
+            let large = 1 << 20;
+            let pattern = f32::from_bits(0x7fc0_0abc);
+            recycle_output(vec![pattern; large]);
+            let small = output_buffer(1000);
+            let large_again = output_buffer(large);
+            assert!(
+                large_again.iter().all(|v| v.to_bits() == pattern.to_bits()),
+                "the large output was lent for the small one and came back cut and zeroed"
+            );
+            assert_ne!(small.as_ptr(), large_again.as_ptr());
+            // Small outputs (a decode token's) are lent whatever their sizes.
+            drop(small);
+            recycle_output(vec![0.0; 4000]);
+            assert_eq!(
+                output_buffer(10).capacity(),
+                4000,
+                "a small output was not lent"
+            );
+        });
+    });
+}
+
 /// DeepGEMM's layout for comparison (GUIDE "DeepInfer"): one weight scale per 128 channels of K per
 /// output row instead of one per row, each block's integer sum scaled by its own scale and the block
 /// results added in f32, in order.
