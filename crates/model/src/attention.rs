@@ -131,6 +131,19 @@ fn leading(b: &ActRhs<'_>, n: usize, k: usize) -> std::result::Result<ActRhs<'st
     b.leading(n, k)
 }
 
+/// `cut` of each operand: `n` rows of their first `k` values.
+fn cut_each<'b>(
+    ops: &[ActRhs<'_>],
+    (n, k): (usize, usize),
+    cut: Cut,
+    what: &dyn Fn() -> String,
+) -> Result<PerKvHead<ActRhs<'b>>> {
+    ops.iter()
+        .map(|b| cut(b, n, k))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| crate::gemm::gemm_err(what, e))
+}
+
 /// [`attention`] with its query rows in runs of `step` (the whole call when `step ≥ t`), each run's
 /// keys and values cut to the ones it sees by `cut`.
 fn attention_in_runs(
@@ -306,12 +319,8 @@ fn attention_in_runs(
                     split(0, h, r0..r1, &mut queries);
                 }
             }
-            let cut_keys: PerKvHead<ActRhs<'_>> = match nv < nk {
-                true => keys
-                    .iter()
-                    .map(|k| cut(k, nv, hd))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|e| crate::gemm::gemm_err(&named("keys"), e))?,
+            let cut_keys = match nv < nk {
+                true => cut_each(&keys, (nv, hd), cut, &named("keys"))?,
                 false => PerKvHead::new(),
             };
             let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = queries
@@ -324,12 +333,8 @@ fn attention_in_runs(
             for s in &mut scores {
                 for_each_rows(s, nv, mask_softmax(pos0 + r0, c, nv));
             }
-            let cut_values: PerKvHead<ActRhs<'_>> = match nv < nk {
-                true => values
-                    .iter()
-                    .map(|v| cut(v, hd, nv))
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|e| crate::gemm::gemm_err(&named("values"), e))?,
+            let cut_values = match nv < nk {
+                true => cut_each(&values, (hd, nv), cut, &named("values"))?,
                 false => PerKvHead::new(),
             };
             let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = scores
