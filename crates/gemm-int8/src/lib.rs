@@ -283,12 +283,7 @@ const SPARE_MAX_BYTES: usize = 1 << 20;
 /// (allocating only when there is none): the same values and scales, without the allocator in a
 /// token loop that quantizes the same shapes over and over.
 pub fn quantize_rows_reusing(a: &[f32], rows: usize, k: usize) -> Result<Quantized, Error> {
-    let spare = SPARES
-        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    quant::quantize_reusing(Operand::A, a, rows, k, spare)
+    quant::quantize_reusing(Operand::A, a, rows, k, take_spare())
 }
 
 /// The top-left `rows × cols` corner of `q` (its first rows, each cut to its first values, each
@@ -296,12 +291,16 @@ pub fn quantize_rows_reusing(a: &[f32], rows: usize, k: usize) -> Result<Quantiz
 /// operand of a product whose other operand is zero past column `cols`, whose cells are then those
 /// of the whole rows (attention's causal triangle). Refuses a corner larger than `q`.
 pub fn leading_reusing(q: &Quantized, rows: usize, cols: usize) -> Result<Quantized, Error> {
-    let spare = SPARES
+    q.leading_into(rows, cols, take_spare())
+}
+
+/// The memory of an operand given back on this thread ([`recycle`]), or none.
+fn take_spare() -> (Vec<i8>, Vec<f32>) {
+    SPARES
         .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
         .ok()
         .flatten()
-        .unwrap_or_default();
-    q.leading_into(rows, cols, spare)
+        .unwrap_or_default()
 }
 
 /// Keep `q`'s memory for the next [`quantize_rows_reusing`] on this thread (up to [`SPARES_MAX`]

@@ -117,7 +117,7 @@ impl Quantized {
         if cols == self.k {
             q.extend_from_slice(&self.q[..rows * cols]);
         } else {
-            for row in self.q.chunks_exact(self.k.max(1)).take(rows) {
+            for row in self.q.chunks_exact(self.k).take(rows) {
                 q.extend_from_slice(&row[..cols]);
             }
         }
