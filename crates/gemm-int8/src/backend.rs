@@ -255,6 +255,15 @@ impl CpuBackend {
         // for AMX, i8 otherwise. (Flipping the top bit inside the AVX-512 kernel instead costs up to
         // 40% on Intel cores, where the extra vector op competes with vpdpbusd for its ports.)
         let tiles = self.isa == Isa::Amx && t >= AMX_MIN_T;
+        // From a few register tiles of rows, AVX2 multiplies by Winograd's pairs
+        // (`kernels/paired.rs`), its A widened here once for every thread.
+        #[cfg(target_arch = "x86_64")]
+        let paired = (self.isa == Isa::Avx2 && t >= kernels::PAIRED_MIN_T)
+            // SAFETY: the backend's instruction set runs on this CPU (checked when it was made);
+            // `a.q()` is `t × k`.
+            .then(|| unsafe { kernels::PairedRows::new(a.q(), t, k) });
+        #[cfg(not(target_arch = "x86_64"))]
+        let paired: Option<()> = None;
         let owned: Vec<u8>;
         let (a_bytes, stride, mr): (&[u8], usize, usize) = match self.isa {
             Isa::Amx if tiles => {
@@ -271,7 +280,12 @@ impl CpuBackend {
                 // view reinterpret it back as i8.
                 let q =
                     unsafe { std::slice::from_raw_parts(a.q().as_ptr().cast::<u8>(), a.q().len()) };
-                (q, k, kernels::MR)
+                let mr = if paired.is_some() {
+                    kernels::PAIRED_ROWS
+                } else {
+                    kernels::MR
+                };
+                (q, k, mr)
             }
         };
         let out_ptr = SyncPtr(out.as_mut_ptr());
@@ -282,6 +296,12 @@ impl CpuBackend {
             // written only by the thread that got it, and `out` outlives the pool job.
             unsafe {
                 let out_rows = out.0.add(r0 * n);
+                #[cfg(target_arch = "x86_64")]
+                if let Some(pa) = &paired {
+                    kernels::paired_panels(pa, r0, r1, b, p0, p1, out_rows, n);
+                    leftover(a, b, r0, r1, p0, p1, out.0);
+                    return;
+                }
                 if tiles {
                     kernels::amx_panels(
                         &a_bytes[r0 * stride..],

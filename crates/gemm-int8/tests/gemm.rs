@@ -219,6 +219,81 @@ fn extremes_at_the_largest_k_do_not_overflow() {
     }
 }
 
+/// The AVX2 backend multiplies 16 rows and more by Winograd's pairs, `(a₀ + b₁)(a₁ + b₀)` less a
+/// row term and a column term: against the exact sum in i64, on operands that use the whole range
+/// (±127 pairs meeting ±127 pairs: sums of ±254 in i16), at the row counts around its thresholds and
+/// register tile, K that leaves 1–3 values to the leftover loop or spans two K blocks, and N that
+/// cuts a panel; its mutation, one B value changed, must change a cell on every shape.
+#[test]
+fn paired_products_equal_the_exact_sums_at_their_edges() {
+    let Ok(be) = CpuBackend::with_isa(Isa::Avx2) else {
+        assert!(
+            std::env::var_os("CI").is_none() || cfg!(not(target_arch = "x86_64")),
+            "CI runs on x86-64 with AVX2, and this test needs it"
+        );
+        return;
+    };
+    let mut rng = Rng(0x5EED_0FBA_1D00);
+    let mut values = |len: usize| -> Vec<i8> {
+        (0..len)
+            .map(|_| match rng.next() % 4 {
+                0 => 127,
+                1 => -127,
+                _ => ((rng.next() % 255) as i32 - 127) as i8,
+            })
+            .collect()
+    };
+    let shapes = [
+        (15, 64, 16),
+        (16, 4, 1),
+        (17, 7, 17),
+        (19, 576, 40),
+        (32, 1540, 15),
+        (45, 3077, 33),
+        (100, 66, 64),
+    ];
+    for (t, k, n) in shapes {
+        let qa = Quantized::from_parts(t, k, values(t * k), vec![1.0; t]).unwrap();
+        let qb = Quantized::from_parts(n, k, values(n * k), vec![1.0; n]).unwrap();
+        let want: Vec<i32> = (0..t * n)
+            .map(|cell| {
+                let (a, b) = (qa.row(cell / n), qb.row(cell % n));
+                let s: i64 = a
+                    .iter()
+                    .zip(b)
+                    .map(|(&x, &y)| i64::from(x) * i64::from(y))
+                    .sum();
+                i32::try_from(s).expect("fits i32")
+            })
+            .collect();
+        let packed = PackedWeights::from_quantized(&qb);
+        let mut changed = qb.q().to_vec();
+        let last = changed.len() - 1;
+        changed[last] = if changed[last] == 0 {
+            1
+        } else {
+            -changed[last]
+        };
+        let mutant = PackedWeights::from_quantized(
+            &Quantized::from_parts(n, k, changed, vec![1.0; n]).unwrap(),
+        );
+        equal_and_mutant_differs(
+            &be,
+            &qa,
+            (&packed, &mutant),
+            &want,
+            &format!("t={t} k={k} n={n}"),
+        );
+        let mut got = vec![0; t * n];
+        be.gemm_i32(&qa, Rhs::Activation(&qb), &mut got).unwrap();
+        assert_eq!(
+            first_diff(&got, &want),
+            None,
+            "t={t} k={k} n={n}, activation B"
+        );
+    }
+}
+
 #[test]
 fn k_beyond_the_exact_range_is_refused() {
     let k = MAX_K + 1;

@@ -12,9 +12,13 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod paired;
+#[cfg(target_arch = "x86_64")]
 mod rows;
 mod scalar;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use paired::PairedRows;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use rows::{rows_available, rows_dot};
 
@@ -56,6 +60,41 @@ pub(crate) unsafe fn gemm_panels(
         }
     }
 }
+
+/// [`gemm_panels`] for rows `[r0, r1)` of an A widened for the paired AVX2 kernel; `out` points at
+/// row `r0`'s first cell.
+///
+/// # Safety
+/// avx2 (which [`PairedRows::new`] already needed); `a` widened from this product's A; `r0 ≤ r1 ≤`
+/// its rows; `p1 ≤ b.panels()`; `out` must point to `(r1 − r0) × n` writable i32 (`n == b.n()`)
+/// that no other thread touches in these columns.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn paired_panels(
+    a: &PairedRows,
+    r0: usize,
+    r1: usize,
+    b: &PackedWeights,
+    p0: usize,
+    p1: usize,
+    out: *mut i32,
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        if b.groups() == 0 {
+            return zero_columns(r1 - r0, b, p0, p1, out, n);
+        }
+        paired::paired_panels(a, r0, r1, b, p0, p1, out, n)
+    }
+}
+
+/// Rows of A from which the AVX2 backend multiplies by pairs (`paired.rs`: B's widening, once per
+/// panel and block of K a call, is then shared by at least four register tiles).
+pub(crate) const PAIRED_MIN_T: usize = 16;
+
+/// Rows of A in one strip of paired work: a panel's widened B serves eight register tiles.
+pub(crate) const PAIRED_ROWS: usize = 32;
 
 /// K groups per cache block, at most (K is cut into equal blocks no longer than this): a 4-panel tile
 /// of B is up to `KC_GROUPS × 256` bytes (96 KiB), kept in L2 while every row of A passes over it.
