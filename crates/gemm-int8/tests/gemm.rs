@@ -249,7 +249,7 @@ fn paired_products_equal_the_exact_sums_at_their_edges() {
         (17, 7, 17),
         (19, 576, 40),
         (32, 1540, 15),
-        (45, 3077, 33),
+        (45, 8203, 33),
         (100, 66, 64),
     ];
     for (t, k, n) in shapes {
