@@ -374,8 +374,9 @@ thread_local! {
 /// them, and attention's scores of several heads.
 const OUTPUTS_MAX: usize = 8;
 
-/// The most bytes of outputs a thread keeps (a 512-row prefill of SmolLM2's gate/up is 6.3 MB).
-const OUTPUTS_MAX_BYTES: usize = 24 << 20;
+/// The most bytes of outputs a thread keeps (a 512-row prefill of SmolLM2's gate/up is 6.3 MB;
+/// of Qwen2.5-0.5B's, 20 MB, with its 10 MB activation beside it).
+const OUTPUTS_MAX_BYTES: usize = 64 << 20;
 
 /// A given-back output is lent for a smaller one only up to this many times that one's length…
 const OUTPUT_SPARE_RATIO: usize = 4;
