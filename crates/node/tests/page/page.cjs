@@ -54,13 +54,17 @@ async function main() {
     await page.click("#generate");
     // Turns are listed newest first: the second is the first child.
     const turn = (i) => `#turns .turn:nth-last-child(${i + 1})`;
-    // The second waits for the ring, saying so with its prompt's token count.
-    await page.waitForFunction(
-      (sel) => /waiting \(\d+ prompt tokens\)/.test(document.querySelector(sel + " .status").textContent),
+    // The second waits for the ring, saying so with its prompt's token count: the status as the
+    // wait saw it (read again afterwards, it may already say the second turn is generating).
+    const waiting = await page.waitForFunction(
+      (sel) => {
+        const status = document.querySelector(sel + " .status").textContent;
+        return /waiting \(\d+ prompt tokens\)/.test(status) ? status : false;
+      },
       turn(1),
       { timeout: 60000, polling: 10 },
     );
-    out.second_waiting = await page.textContent(turn(1) + " .status");
+    out.second_waiting = await waiting.jsonValue();
     // Mid-generation: some text, no Verify yet.
     await page.waitForFunction(
       (sel) => document.querySelector(sel + " .answer").textContent.length > 0,
