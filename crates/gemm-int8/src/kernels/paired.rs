@@ -131,9 +131,7 @@ unsafe fn widen(q: &[i8], t: usize, k: usize, (r0, r1): (usize, usize), out: *mu
             let mut term = _mm256_setzero_si256();
             let mut g = 0;
             while g + 8 <= groups {
-                let x = _mm256_loadu_si256(row.add(4 * g).cast());
-                let e = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(x));
-                let o = _mm256_srai_epi16::<8>(x);
+                let (e, o) = split_pairs(_mm256_loadu_si256(row.add(4 * g).cast()));
                 _mm256_storeu_si256(even.add(g).cast(), e);
                 _mm256_storeu_si256(odd.add(g).cast(), o);
                 term = _mm256_add_epi32(term, _mm256_madd_epi16(e, o));
@@ -150,6 +148,17 @@ unsafe fn widen(q: &[i8], t: usize, k: usize, (r0, r1): (usize, usize), out: *mu
             *out.add(t * stride + r) = sum;
         }
     }
+}
+
+/// Eight groups of 4 i8 `[v₀ v₁ v₂ v₃]` (one per i32 lane) as i16 pairs: `(v₀, v₂)` and `(v₁, v₃)`
+/// in each lane of the first and the second result (A's widening and B's share it).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn split_pairs(x: __m256i) -> (__m256i, __m256i) {
+    (
+        _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(x)),
+        _mm256_srai_epi16::<8>(x),
+    )
 }
 
 /// Two i16 in one i32, `lo` in the low half (as a ymm's i16 lanes 2j and 2j + 1).
@@ -271,9 +280,7 @@ unsafe fn widen_panel(
         for (h, term) in terms.iter_mut().enumerate() {
             // SAFETY: the caller's contract.
             unsafe {
-                let x = _mm256_load_si256(lines.add(2 * g * stride + h));
-                let e = _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(x));
-                let o = _mm256_srai_epi16::<8>(x);
+                let (e, o) = split_pairs(_mm256_load_si256(lines.add(2 * g * stride + h)));
                 let d = dst.add(4 * (g - g0) + 2 * h);
                 _mm256_store_si256(d, o);
                 _mm256_store_si256(d.add(1), e);
