@@ -101,6 +101,14 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Whether independent products issued from several threads at once ([`crate::for_each_unit`])
+    /// finish sooner than one after another: the CPU backend's do (each then runs on its caller's
+    /// thread, with no pool job to share out and wait for); a device's queue gains nothing. False
+    /// by default.
+    fn concurrent(&self) -> bool {
+        false
+    }
+
     /// These weights take part in every pass from now on: a device backend copies them to the
     /// device now (at load) instead of at their first product. The CPU keeps them where they are.
     fn keep_resident(&self, _w: &crate::PackedWeights) -> Result<(), Error> {
@@ -605,6 +613,10 @@ unsafe fn leftover(
 impl Backend for CpuBackend {
     fn name(&self) -> String {
         format!("cpu-{}", self.isa.name())
+    }
+
+    fn concurrent(&self) -> bool {
+        true
     }
 
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {

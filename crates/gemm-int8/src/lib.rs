@@ -81,6 +81,15 @@ pub fn prefetch(w: &PackedWeights) {
     pool::prefetch(w);
 }
 
+/// Run `f(unit)` for every unit in `0..count` over the GEMM's threads, units taken one at a time
+/// from both ends (the calling thread from the front, a worker from the back): independent pieces
+/// of work between products, each of which may run its own products (a product called inside runs
+/// on its caller's thread alone, the pool being busy). On the calling thread alone when
+/// `count < 2`.
+pub fn for_each_unit(count: usize, f: impl Fn(usize) + Sync) {
+    pool::for_each_chunk(count, f);
+}
+
 /// Run `f(first_row, rows)` over `x` cut into runs of whole rows (`cols` values each), shared out
 /// over the GEMM's threads when there is enough work, on the calling thread otherwise: the
 /// element-wise passes between products (norms, RoPE, SiLU, softmax), so that they neither leave the

@@ -15,7 +15,9 @@
 //! bit for bit; K_g and V_gᵀ are quantized once per group instead of once per head, and the K rows of
 //! the cache are kept quantized (a row's scale is its own, so appending is exact). The groups' products
 //! go to the backend as one batch of independent products (one round trip on a GPU) while their
-//! scores are small; each product's cells are the same either way.
+//! scores are small; on the CPU a call of several rows shares its (group, run) pairs out over the
+//! GEMM's threads instead, each pair's products on one thread. Each product's cells are the same
+//! every way.
 
 use daisy_gemm_int8::{Error as GemmError, GrowingRows, Quantized, for_each_rows};
 use smallvec::SmallVec;
@@ -85,6 +87,24 @@ fn causal_rows(precision: crate::Precision, t: usize) -> usize {
     match precision.is_int8() && t > CAUSAL_ROWS {
         true => CAUSAL_ROWS,
         false => t.max(1),
+    }
+}
+
+/// The output of an attention call, written by its runs, each its own cells (from several threads
+/// where the runs are shared out).
+struct Cells(*mut f32);
+
+// SAFETY: the runs that share it write disjoint cells (see `attention_in_runs`).
+unsafe impl Sync for Cells {}
+
+impl Cells {
+    /// Copy `row` to cells `at ..< at + row.len()`.
+    ///
+    /// # Safety
+    /// Those cells lie inside the output, and no other thread touches them meanwhile.
+    unsafe fn write(&self, at: usize, row: &[f32]) {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.0.add(at), row.len()) };
     }
 }
 
@@ -256,23 +276,26 @@ fn attention_in_runs(
         }
     };
     // The kv-head groups whose products go to the backend together (one round trip per kind of
-    // product on a device): all of them while their scores stay small, else one at a time.
-    let batch = match group * t * nk * num_kv_heads <= BATCH_SCORE_CELLS {
+    // product on a device): all of them while their scores stay small, else one at a time. Where
+    // the backend gains from products issued side by side (the CPU), every group's runs are units
+    // shared out over the GEMM's threads instead, each run's products on its thread alone: a run's
+    // products are small (192 rows × 64 keys at the first run of SmolLM2's), and shared out one by
+    // one over the pool they left a worker waiting a third of attention's time.
+    let concurrent = cx.backend.concurrent() && t > 1;
+    let batch = match concurrent || group * t * nk * num_kv_heads <= BATCH_SCORE_CELLS {
         true => num_kv_heads,
         false => 1,
     };
     let groups: PerKvHead<usize> = (0..num_kv_heads).collect();
     // Every cell is written below (each head's rows of each kv group).
     let mut out = daisy_gemm_int8::output_buffer(t * q_cols);
+    let cells = Cells(out.as_mut_ptr());
     for gs in groups.chunks(batch) {
-        let named = |kind: &'static str| {
-            move || match gs {
-                [g] => format!("attention {kind} of layer {layer} kv head {g}"),
-                _ => format!(
-                    "attention {kind} of layer {layer} kv heads {}..={}",
-                    gs[0],
-                    gs[gs.len() - 1]
-                ),
+        let named = |gs: &[usize], kind: &'static str| {
+            let (first, last) = (gs[0], gs[gs.len() - 1]);
+            move || match first == last {
+                true => format!("attention {kind} of layer {layer} kv head {first}"),
+                false => format!("attention {kind} of layer {layer} kv heads {first}..={last}"),
             }
         };
         // V_gᵀ: one row per value channel over every key present; at int8 kept quantized by the
@@ -288,7 +311,7 @@ fn attention_in_runs(
             Some(kept) => kept.into_iter().map(|q| ActRhs::Int8(q, None)).collect(),
             None => vts
                 .iter()
-                .map(|vt| act_rhs(cx, vt, hd, nk, &named("values")))
+                .map(|vt| act_rhs(cx, vt, hd, nk, &named(gs, "values")))
                 .collect::<Result<_>>()?,
         };
         let keys: PerKvHead<ActRhs<'_>> = gs
@@ -304,10 +327,11 @@ fn attention_in_runs(
                 },
             })
             .collect();
-        // The query rows `r0..r1` of the call at a time: they see the keys up to position
-        // `pos0 + r1` only, so their products stop there (the cells past it are masked, and their
-        // probabilities are exactly 0, which the values' product would only add).
-        for r0 in (0..t).step_by(step) {
+        // The query rows `r0..r1` of the call for the groups `gs[sub]`: they see the keys up to
+        // position `pos0 + r1` only, so their products stop there (the cells past it are masked,
+        // and their probabilities are exactly 0, which the values' product would only add).
+        let run = |sub: std::ops::Range<usize>, r0: usize| -> Result<()> {
+            let (gs, keys, values) = (&gs[sub.clone()], &keys[sub.clone()], &values[sub]);
             let r1 = (r0 + step).min(t);
             let (c, nv) = (r1 - r0, pos0 + r1);
             let rows = group * c;
@@ -320,35 +344,38 @@ fn attention_in_runs(
                 }
             }
             let cut_keys = match nv < nk {
-                true => cut_each(&keys, (nv, hd), cut, &named("keys"))?,
+                true => cut_each(keys, (nv, hd), cut, &named(gs, "keys"))?,
                 false => PerKvHead::new(),
             };
             let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = queries
                 .chunks_exact(rows * hd)
-                .zip(if nv < nk { &cut_keys } else { &keys })
+                .zip(if nv < nk { &cut_keys[..] } else { keys })
                 .map(|(a, b)| (a, rows, b))
                 .collect();
-            let mut scores = act_gemm_batch(cx, &jobs, &named("scores"))?;
+            let mut scores = act_gemm_batch(cx, &jobs, &named(gs, "scores"))?;
             drop(jobs);
             for s in &mut scores {
                 for_each_rows(s, nv, mask_softmax(pos0 + r0, c, nv));
             }
             let cut_values = match nv < nk {
-                true => cut_each(&values, (hd, nv), cut, &named("values"))?,
+                true => cut_each(values, (hd, nv), cut, &named(gs, "values"))?,
                 false => PerKvHead::new(),
             };
             let jobs: PerKvHead<(&[f32], usize, &ActRhs<'_>)> = scores
                 .iter()
-                .zip(if nv < nk { &cut_values } else { &values })
+                .zip(if nv < nk { &cut_values[..] } else { values })
                 .map(|(a, b)| (a.as_slice(), rows, b))
                 .collect();
-            let outs = act_gemm_batch(cx, &jobs, &named("values"))?;
+            let outs = act_gemm_batch(cx, &jobs, &named(gs, "values"))?;
             drop(jobs);
             for (&g, o) in gs.iter().zip(&outs) {
                 for (hi, head) in o.chunks_exact(c * hd).enumerate() {
                     let h = g * group + hi;
                     for (r, row) in (r0..r1).zip(head.chunks_exact(hd)) {
-                        out[r * q_cols + h * hd..r * q_cols + (h + 1) * hd].copy_from_slice(row);
+                        // SAFETY: row r < t and head h < num_heads: `out`'s cells
+                        // `r·q_cols + h·hd ..+ hd` lie inside it (t × q_cols), and no other run
+                        // writes them (runs of other rows or other kv heads' query heads).
+                        unsafe { cells.write(r * q_cols + h * hd, row) };
                     }
                 }
             }
@@ -360,6 +387,41 @@ fn attention_in_runs(
                 .into_iter()
                 .chain(outs)
                 .for_each(daisy_gemm_int8::recycle_output);
+            Ok(())
+        };
+        if concurrent {
+            // One unit per kv head and run, the largest runs (most keys) first from both ends,
+            // so that the two ends meet at the smallest.
+            let mut units: Vec<(usize, usize)> = (0..gs.len())
+                .flat_map(|i| (0..t).step_by(step).map(move |r0| (i, r0)))
+                .collect();
+            units.sort_by_key(|&(i, r0)| (std::cmp::Reverse(r0), i));
+            let (front, back): (Vec<_>, Vec<_>) = units
+                .iter()
+                .enumerate()
+                .partition(|(j, _)| j.is_multiple_of(2));
+            let order: Vec<(usize, usize)> = front
+                .into_iter()
+                .chain(back.into_iter().rev())
+                .map(|(_, &u)| u)
+                .collect();
+            let failed: std::sync::Mutex<Option<(usize, Error)>> = std::sync::Mutex::new(None);
+            daisy_gemm_int8::for_each_unit(order.len(), |u| {
+                let (i, r0) = order[u];
+                if let Err(e) = run(i..i + 1, r0) {
+                    let mut failed = failed.lock().unwrap_or_else(|e| e.into_inner());
+                    if failed.as_ref().is_none_or(|(v, _)| u < *v) {
+                        *failed = Some((u, e));
+                    }
+                }
+            });
+            if let Some((_, e)) = failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                return Err(e);
+            }
+        } else {
+            for r0 in (0..t).step_by(step) {
+                run(0..gs.len(), r0)?;
+            }
         }
         values.into_iter().for_each(ActRhs::recycle);
     }
@@ -368,7 +430,7 @@ fn attention_in_runs(
 
 #[cfg(test)]
 mod tests {
-    use daisy_gemm_int8::{CpuBackend, seeded_matrix};
+    use daisy_gemm_int8::{Backend, CpuBackend, Rhs, seeded_matrix};
 
     use super::*;
     use crate::Precision;
@@ -401,21 +463,128 @@ mod tests {
         step: usize,
         cut: Cut,
     ) -> Vec<f32> {
-        let backend = CpuBackend::new();
-        let cx = Ctx {
-            precision,
-            backend: &backend,
-        };
+        run_on(&CpuBackend::new(), precision, shape, (before, t), step, cut).unwrap()
+    }
+
+    /// [`run`] on `backend`.
+    fn run_on(
+        backend: &dyn Backend,
+        precision: Precision,
+        shape: &Heads,
+        (before, t): (usize, usize),
+        step: usize,
+        cut: Cut,
+    ) -> Result<Vec<f32>> {
+        let cx = Ctx { precision, backend };
         let width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim;
         let qkv = seeded_matrix(7, before + t, width);
         let mut cache = LayerCache::default();
         if before > 0 {
             let first = (&qkv[..before * width], before, 0);
-            attention_in_runs(cx, shape, first, Some(&mut cache), 0, before, cut).unwrap();
+            attention_in_runs(cx, shape, first, Some(&mut cache), 0, before, cut)?;
         }
         let rest = (&qkv[before * width..], t, before);
         let cache = (before > 0).then_some(&mut cache);
-        attention_in_runs(cx, shape, rest, cache, 0, step, cut).unwrap()
+        attention_in_runs(cx, shape, rest, cache, 0, step, cut)
+    }
+
+    /// The CPU backend's products, issued from one thread after another (`concurrent` false, as
+    /// a device's), or, as `Skewed`, shared out but off by one in every cell computed away from
+    /// the thread that made it (the mutation: a run that went to a worker and came back wrong).
+    struct Wrapped {
+        inner: CpuBackend,
+        skew_off: Option<std::thread::ThreadId>,
+    }
+
+    impl Backend for Wrapped {
+        fn name(&self) -> String {
+            "wrapped-cpu".into()
+        }
+
+        fn gemm_i32(
+            &self,
+            a: &Quantized,
+            b: Rhs<'_>,
+            out: &mut [i32],
+        ) -> std::result::Result<(), GemmError> {
+            self.inner.gemm_i32(a, b, out)?;
+            if self
+                .skew_off
+                .is_some_and(|id| id != std::thread::current().id())
+            {
+                out.iter_mut().for_each(|v| *v = v.wrapping_add(1));
+            }
+            Ok(())
+        }
+
+        fn concurrent(&self) -> bool {
+            self.skew_off.is_some()
+        }
+    }
+
+    /// Runs shared out over the GEMM's threads (the CPU backend) give the bits of the same runs
+    /// one after another on one thread (a backend that is not `concurrent`): full window and after
+    /// a cache, grouped and plain heads, a sliding window, int8, int8x2 and f32; its mutation, a
+    /// backend whose products computed off the calling thread come back off by one, must move an
+    /// output or be refused by the audit (which proves some runs went to a worker).
+    #[test]
+    fn runs_shared_out_over_threads_give_the_one_threads_bits() {
+        let one_thread = Wrapped {
+            inner: CpuBackend::new(),
+            skew_off: None,
+        };
+        for precision in [Precision::Int8, Precision::Int8x2, Precision::F32] {
+            for (heads, kv, window) in [(6, 2, None), (4, 4, Some(37)), (9, 3, None)] {
+                let shape = Heads {
+                    num_heads: heads,
+                    num_kv_heads: kv,
+                    head_dim: 24,
+                    window,
+                };
+                for (before, t) in [(0, 300), (29, 100), (0, 2)] {
+                    let step = causal_rows(precision, t);
+                    let shared = run_on(
+                        &CpuBackend::new(),
+                        precision,
+                        &shape,
+                        (before, t),
+                        step,
+                        leading,
+                    )
+                    .unwrap();
+                    let alone =
+                        run_on(&one_thread, precision, &shape, (before, t), step, leading).unwrap();
+                    assert!(
+                        shared.len() == alone.len()
+                            && shared
+                                .iter()
+                                .zip(&alone)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{} heads {heads}/{kv} window {window:?} rows {before}+{t}",
+                        precision.name()
+                    );
+                }
+            }
+        }
+        let shape = Heads {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 24,
+            window: None,
+        };
+        let skewed = Wrapped {
+            inner: CpuBackend::new(),
+            skew_off: Some(std::thread::current().id()),
+        };
+        let alone = run_on(&one_thread, Precision::Int8, &shape, (0, 300), 64, leading).unwrap();
+        let moved = match run_on(&skewed, Precision::Int8, &shape, (0, 300), 64, leading) {
+            Ok(got) => got
+                .iter()
+                .zip(&alone)
+                .any(|(a, b)| a.to_bits() != b.to_bits()),
+            Err(e) => e.to_string().contains("audit"),
+        };
+        assert!(moved, "runs computed on a worker went unseen");
     }
 
     #[test]
