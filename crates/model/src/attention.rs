@@ -509,6 +509,11 @@ mod tests {
         attention_in_runs(cx, shape, rest, cache, 0, (step, cut, head))
     }
 
+    /// Whether `a` and `b` hold the same f32 values bit for bit.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// The CPU backend's products issued from one thread after another (not `concurrent`, as a
     /// device's are).
     struct OneThread(CpuBackend);
@@ -551,11 +556,7 @@ mod tests {
                     let shared = run_on(&cpu, precision, &shape, (before, t), runs).unwrap();
                     let alone = run_on(&one_thread, precision, &shape, (before, t), runs).unwrap();
                     assert!(
-                        shared.len() == alone.len()
-                            && shared
-                                .iter()
-                                .zip(&alone)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        same_bits(&shared, &alone),
                         "{} heads {heads}/{kv} window {window:?} rows {before}+{t}",
                         precision.name()
                     );
@@ -573,27 +574,18 @@ mod tests {
             (0, 1) => 0,
             _ => g * group + i,
         };
-        let alone = run_on(
-            &one_thread,
-            Precision::Int8,
-            &shape,
-            (0, 300),
-            (64, leading, head_of),
-        );
-        let mutant = run_on(
-            &cpu,
-            Precision::Int8,
-            &shape,
-            (0, 300),
-            (64, leading, swapped),
-        );
-        let moved = alone
+        let int8 = |backend: &dyn Backend, head: HeadOf| {
+            run_on(
+                backend,
+                Precision::Int8,
+                &shape,
+                (0, 300),
+                (64, leading, head),
+            )
             .unwrap()
-            .iter()
-            .zip(&mutant.unwrap())
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert!(moved > 0, "runs placed in the wrong heads went unseen");
+        };
+        let moved = !same_bits(&int8(&one_thread, head_of), &int8(&cpu, swapped));
+        assert!(moved, "runs placed in the wrong heads went unseen");
     }
 
     #[test]
@@ -614,12 +606,9 @@ mod tests {
                             let cut = run(precision, &shape, (before, t), step, |b, n, k| {
                                 b.leading(n, k)
                             });
-                            let same = whole
-                                .iter()
-                                .zip(&cut)
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            let same = same_bits(&whole, &cut);
                             assert!(
-                                same && whole.len() == cut.len(),
+                                same,
                                 "{} window {window:?} heads {heads}/{kv} rows {before}+{t} in runs of {step}",
                                 precision.name()
                             );
@@ -642,11 +631,9 @@ mod tests {
             b.leading(n, k)
         });
         let mutant = run(Precision::Int8, &shape, (0, 150), 64, requantizing_cut);
-        let moved = whole
-            .iter()
-            .zip(&mutant)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert!(moved > 0, "a cut quantized afresh went unnoticed");
+        assert!(
+            !same_bits(&whole, &mutant),
+            "a cut quantized afresh went unnoticed"
+        );
     }
 }
