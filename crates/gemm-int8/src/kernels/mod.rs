@@ -66,7 +66,7 @@ pub(crate) unsafe fn gemm_panels(
 ///
 /// # Safety
 /// avx2 (which [`PairedRows::new`] already needed); `a` widened from this product's A; `r0 ≤ r1 ≤`
-/// its rows; `p1 ≤ b.panels()`; `out` must point to `(r1 − r0) × n` writable i32 (`n == b.n()`)
+/// its rows, `r0` a multiple of 4 (a register tile); `p1 ≤ b.panels()`; `out` must point to `(r1 − r0) × n` writable i32 (`n == b.n()`)
 /// that no other thread touches in these columns.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]

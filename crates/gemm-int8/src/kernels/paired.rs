@@ -14,7 +14,8 @@
 //! it is.
 //!
 //! A is widened once a product ([`PairedRows`]): per row and group of 4 K values, `(a₀, a₂)` and
-//! `(a₁, a₃)` as two i16 in one i32, and each row's term. B is widened per panel and block of K into
+//! `(a₁, a₃)` as two i16 in one i32, the four rows of a register tile side by side, and each row's
+//! term. B is widened per panel and block of K into
 //! the thread's scratch, its terms summed on the way, and every row of the call passes over it:
 //! worth it from [`super::PAIRED_MIN_T`] rows, in strips of [`super::PAIRED_ROWS`].
 
@@ -45,12 +46,15 @@ thread_local! {
     static PANEL_SCRATCH: RefCell<Vec<__m256i>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Rows of A as the paired kernel reads them: row r's group g at `[r·2G + g]` holds `(a₀, a₂)` and
-/// at `[r·2G + G + g]` holds `(a₁, a₃)` (i16 pairs, low half first); after the `t` rows, row r's
-/// term `Σ_g a₀a₁ + a₂a₃` at `[t·2G + r]` (wrapping).
+/// Rows of A as the paired kernel reads them, in tiles of [`MR`] rows: row `r = MR·i + j`'s group g
+/// at `[i·2·MR·G + 2·MR·g + 2j]` holds `(a₀, a₂)` and the slot after it `(a₁, a₃)` (i16 pairs, low
+/// half first), so that a register tile reads its rows' eight values of a group from one 32-byte
+/// line, one stream front to back (a last tile of fewer rows leaves its other slots unwritten and
+/// unread); after the tiles, row r's term `Σ_g a₀a₁ + a₂a₃` at `[tiles·2·MR·G + r]` (wrapping).
 pub(crate) struct PairedRows {
     buf: Vec<i32>,
-    t: usize,
+    /// Where the rows' terms start (`tiles · 2·MR·G`).
+    terms: usize,
     groups: usize,
 }
 
@@ -62,7 +66,8 @@ impl PairedRows {
     pub(crate) unsafe fn new(q: &[i8], t: usize, k: usize) -> Self {
         debug_assert_eq!(q.len(), t * k);
         let groups = k / 4;
-        let len = t * (2 * groups + 1);
+        let terms = t.div_ceil(MR) * 2 * MR * groups;
+        let len = terms + t;
         let mut buf = ROWS
             .try_with(|r| r.try_borrow_mut().map(|mut r| std::mem::take(&mut *r)))
             .ok()
@@ -77,16 +82,17 @@ impl PairedRows {
             let out = &out;
             // SAFETY: `buf` has room for `len` i32; each run of rows writes only its own rows'
             // slots and terms (the caller's contract covers the CPU and `q`).
-            unsafe { widen(q, t, k, (r0, r1), out.0) }
+            unsafe { widen(q, k, (r0, r1), out.0, terms) }
         };
         if per >= t {
             rows(0, t);
         } else {
             pool::for_each_chunk(t.div_ceil(per), |c| rows(c * per, ((c + 1) * per).min(t)));
         }
-        // SAFETY: every row's 2G slots and its term were written above, `t · (2G + 1)` in all.
+        // SAFETY: every row's 2G slots and its term were written above; the slots of a last
+        // tile's missing rows are never read.
         unsafe { buf.set_len(len) };
-        Self { buf, t, groups }
+        Self { buf, terms, groups }
     }
 }
 
@@ -112,40 +118,52 @@ struct Slots(*mut i32);
 // SAFETY: the threads that share it write disjoint rows (see `PairedRows::new`).
 unsafe impl Sync for Slots {}
 
-/// Write [`PairedRows`]' layout of rows `[r0, r1)` of `q` into `out` (`t · (2G + 1)` i32 in all).
+/// Write [`PairedRows`]' layout of rows `[r0, r1)` of `q` into `out`, the rows' terms from
+/// `out[terms]`.
 ///
 /// # Safety
-/// avx2; `q.len() == t · k`, `r1 ≤ t`; `out` valid for `t · (2G + 1)` writes, none of these rows'
-/// touched by another thread.
+/// avx2; `q` holds rows `< r1` of `k` bytes; `out` valid for `terms + r1` writes (`terms` as
+/// [`PairedRows::new`] computes it), none of these rows' touched by another thread.
 #[target_feature(enable = "avx2")]
-unsafe fn widen(q: &[i8], t: usize, k: usize, (r0, r1): (usize, usize), out: *mut i32) {
+unsafe fn widen(q: &[i8], k: usize, (r0, r1): (usize, usize), out: *mut i32, terms: usize) {
     let groups = k / 4;
-    let stride = 2 * groups;
+    // i32 from one group's slot to the next, and from a tile to the next.
+    let (step, tile) = (2 * MR, 2 * MR * groups);
     for r in r0..r1 {
-        // SAFETY: row r's bytes are q[r·k .. r·k + 4G] and its slots out[r·2G .. (r+1)·2G]; the
-        // vector loop reads and writes 8 groups while 8 remain.
+        // SAFETY: row r's bytes are q[r·k .. r·k + 4G]; its slots are `out[base + step·g]` and
+        // the one after, g < G, inside its tile; the vector loop reads 8 groups while 8 remain.
         unsafe {
             let row = q.as_ptr().add(r * k);
-            let even = out.add(r * stride);
-            let odd = even.add(groups);
+            let base = out.add((r / MR) * tile + 2 * (r % MR)).cast::<i64>();
             let mut term = _mm256_setzero_si256();
             let mut g = 0;
             while g + 8 <= groups {
                 let (e, o) = split_pairs(_mm256_loadu_si256(row.add(4 * g).cast()));
-                _mm256_storeu_si256(even.add(g).cast(), e);
-                _mm256_storeu_si256(odd.add(g).cast(), o);
                 term = _mm256_add_epi32(term, _mm256_madd_epi16(e, o));
+                // (e, o) of groups 0, 1 | 4, 5 and 2, 3 | 6, 7, each group's as one i64.
+                let lo = _mm256_unpacklo_epi32(e, o);
+                let hi = _mm256_unpackhi_epi32(e, o);
+                let at = |n: usize| base.add((g + n) * MR);
+                at(0).write_unaligned(_mm256_extract_epi64::<0>(lo));
+                at(1).write_unaligned(_mm256_extract_epi64::<1>(lo));
+                at(2).write_unaligned(_mm256_extract_epi64::<0>(hi));
+                at(3).write_unaligned(_mm256_extract_epi64::<1>(hi));
+                at(4).write_unaligned(_mm256_extract_epi64::<2>(lo));
+                at(5).write_unaligned(_mm256_extract_epi64::<3>(lo));
+                at(6).write_unaligned(_mm256_extract_epi64::<2>(hi));
+                at(7).write_unaligned(_mm256_extract_epi64::<3>(hi));
                 g += 8;
             }
             let mut sum = sum_lanes(term);
+            let slots = base.cast::<i32>();
             while g < groups {
                 let [a0, a1, a2, a3] = [0, 1, 2, 3].map(|j| i32::from(*row.add(4 * g + j)));
-                *even.add(g) = pair(a0, a2);
-                *odd.add(g) = pair(a1, a3);
+                *slots.add(step * g) = pair(a0, a2);
+                *slots.add(step * g + 1) = pair(a1, a3);
                 sum = sum.wrapping_add(a0 * a1 + a2 * a3);
                 g += 1;
             }
-            *out.add(t * stride + r) = sum;
+            *out.add(terms + r) = sum;
         }
     }
 }
@@ -180,7 +198,8 @@ fn sum_lanes(v: __m256i) -> i32 {
 /// column of panels `[p0, p1)` below `n`; `out` points at row `r0`'s first cell.
 ///
 /// # Safety
-/// avx2; `a` widened from the A of this product (its K is `b.k()`), `r0 ≤ r1 ≤ a.t`,
+/// avx2; `a` widened from the A of this product (its K is `b.k()`), `r0 ≤ r1 ≤` its rows, `r0` a
+/// multiple of [`MR`],
 /// `p1 ≤ b.panels()`, `b.groups() > 0`; `out` must point to `(r1 − r0) × n` writable i32
 /// (`n == b.n()`) that no other thread touches in these columns.
 #[allow(clippy::too_many_arguments)]
@@ -196,7 +215,7 @@ pub(super) unsafe fn paired_panels(
     n: usize,
 ) {
     let groups = b.groups();
-    debug_assert!(groups > 0 && groups == a.groups);
+    debug_assert!(groups > 0 && groups == a.groups && r0.is_multiple_of(MR));
     // K in equal blocks of at most KC_GROUPS groups.
     let kc = groups.div_ceil(groups.div_ceil(KC_GROUPS));
     let mut own = Vec::new();
@@ -210,8 +229,7 @@ pub(super) unsafe fn paired_panels(
         // SAFETY: an all-zero __m256i is a valid value.
         scratch.resize(4 * kc, unsafe { std::mem::zeroed() });
     }
-    let stride = 2 * groups;
-    let terms = &a.buf[a.t * stride..];
+    let terms = &a.buf[a.terms..];
     for p in p0..p1 {
         let (first, lines_stride) = b.line_place(p);
         // SAFETY: `first` is the index of a line of `b` (p < panels, groups > 0).
@@ -224,7 +242,6 @@ pub(super) unsafe fn paired_panels(
                 unsafe { widen_panel(lines, lines_stride, g0, g1, scratch.as_mut_ptr()) };
             let tile = Tile {
                 rows: a.buf.as_ptr(),
-                stride,
                 groups,
                 widened: scratch.as_ptr(),
                 out,
@@ -294,7 +311,6 @@ unsafe fn widen_panel(
 /// The operands a register tile reads: A's widened rows, one panel's widened block, the output.
 struct Tile {
     rows: *const i32,
-    stride: usize,
     groups: usize,
     widened: *const __m256i,
     out: *mut i32,
@@ -336,15 +352,17 @@ unsafe fn micro<const M: usize>(
             }
         }
     }
-    // SAFETY: rows r..r + M hold 2G i32 each in `tile.rows`; the widened block holds
-    // 4 · (g1 − g0) ymm; the caller's contract covers the stores.
+    // SAFETY: r is a multiple of MR (the callers cut rows so), and rows r..r + M hold their
+    // slots in its tile of `tile.rows`; the widened block holds 4 · (g1 − g0) ymm; the caller's
+    // contract covers the stores.
     unsafe {
+        let slots = tile.rows.add(at.r * 2 * tile.groups);
         for g in at.g0..at.g1 {
             let w = tile.widened.add(4 * (g - at.g0));
+            let a = slots.add(2 * MR * g);
             for (i, row) in acc.iter_mut().enumerate() {
-                let a = tile.rows.add((at.r + i) * tile.stride);
-                let even = _mm256_set1_epi32(*a.add(g));
-                let odd = _mm256_set1_epi32(*a.add(tile.groups + g));
+                let even = _mm256_set1_epi32(*a.add(2 * i));
+                let odd = _mm256_set1_epi32(*a.add(2 * i + 1));
                 for (h, c) in row.iter_mut().enumerate() {
                     let x = _mm256_add_epi16(even, _mm256_load_si256(w.add(2 * h)));
                     let y = _mm256_add_epi16(odd, _mm256_load_si256(w.add(2 * h + 1)));
