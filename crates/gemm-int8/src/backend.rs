@@ -92,6 +92,21 @@ pub trait Backend: Send + Sync {
         self.gemm_i32(a, b, out)
     }
 
+    /// The product audited and dequantized into `c` (`a.rows() × b.n()`): the accumulators of
+    /// [`Backend::gemm_i32_audited`], every cell of `audit` checked, each accumulator then
+    /// replaced by `(acc as f32 · sa) · sb`. By default one after the other over the whole
+    /// product; a backend may check and dequantize each part as soon as it is written, while it is
+    /// in cache (the CPU backend's weight products), with the same bits and the same report.
+    fn gemm_dequantized(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        c: &mut [f32],
+        audit: &LiveAudit,
+    ) -> Result<(), Error> {
+        crate::verify::gemm_then_dequantize(self, a, b, c, audit)
+    }
+
     /// Several independent products. A device backend may send them in one submission (one round
     /// trip instead of one each); the integers are those of [`Backend::gemm_i32`] on each item.
     fn gemm_i32_batch(&self, items: &mut [BatchItem<'_>]) -> Result<(), Error> {
@@ -253,8 +268,17 @@ impl CpuBackend {
     }
 
     /// The product on the pool; `audit`'s cells in a run of columns are checked by the thread that
-    /// computed it, right after (where the GEMM is cut by columns: decode).
-    fn run(&self, a: &Quantized, b: &PackedWeights, out: &mut [i32], audit: Option<&LiveAudit>) {
+    /// computed it, right after (where the GEMM is cut by columns: decode). With `dequantize`
+    /// (A's and B's scales), every part is also checked and then dequantized in place by the
+    /// thread that computed it, as soon as it is written (`out` then holds f32 bits).
+    fn run(
+        &self,
+        a: &Quantized,
+        b: &PackedWeights,
+        out: &mut [i32],
+        audit: Option<&LiveAudit>,
+        dequantize: Option<(&[f32], &[f32])>,
+    ) {
         let (t, n, k) = (a.rows(), b.n(), b.k());
         if t == 0 || n == 0 {
             return;
@@ -337,20 +361,38 @@ impl CpuBackend {
                 leftover(a, b, r0, r1, p0, p1, out.0);
             }
         };
+        // Rows [r0, r1) × panels [p0, p1) written by this thread: their audited cells checked,
+        // then, when asked, dequantized while they are in cache.
+        let settle = |(r0, r1): (usize, usize), (p0, p1): (usize, usize)| {
+            let out = out_ptr;
+            let cols = (p0 * PANEL, (p1 * PANEL).min(n));
+            if let Some(audit) = audit {
+                audit.check_block(a, Rhs::Weights(b), (r0, r1), cols, |row, col| {
+                    // SAFETY: row < t and col < n in this block, which this thread has just
+                    // written and no other thread touches.
+                    unsafe { *out.0.add(row * n + col) }
+                });
+            }
+            if let Some((sa, sb)) = dequantize {
+                for (r, &s) in sa.iter().enumerate().take(r1).skip(r0) {
+                    // SAFETY: as above; the f32 view of the block's run of row r is this
+                    // thread's alone, and no i32 view of it is used after.
+                    let row = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            out.0.add(r * n + cols.0).cast::<f32>(),
+                            cols.1 - cols.0,
+                        )
+                    };
+                    crate::dequantize_row(row, s, &sb[cols.0..cols.1]);
+                }
+            }
+        };
         let panels = b.panels();
         match Split::new(t, panels, k, pool::pool().threads(), mr) {
             Split::Columns(split) => pool::for_each_chunk(split.units(), |u| {
                 let (p0, p1) = split.unit(u);
                 tile(0, t, p0, p1);
-                if let Some(audit) = audit {
-                    let cols = (p0 * PANEL, (p1 * PANEL).min(n));
-                    audit.check_columns(a, Rhs::Weights(b), cols, |row, col| {
-                        let out = out_ptr;
-                        // SAFETY: row < t and col < n in this unit's columns, which this thread
-                        // has just written and no other thread touches.
-                        unsafe { *out.0.add(row * n + col) }
-                    });
-                }
+                settle((0, t), (p0, p1));
             }),
             Split::Tiles { strips } => {
                 let blocks = panels.div_ceil(kernels::NP);
@@ -373,12 +415,12 @@ impl CpuBackend {
                         } else {
                             ((j0, j1), (o, o + 1))
                         };
-                        tile(
-                            s0 * mr,
-                            (s1 * mr).min(t),
-                            b0 * kernels::NP,
-                            (b1 * kernels::NP).min(panels),
-                        );
+                        let rows = (s0 * mr, (s1 * mr).min(t));
+                        let cols = (b0 * kernels::NP, (b1 * kernels::NP).min(panels));
+                        tile(rows.0, rows.1, cols.0, cols.1);
+                        if dequantize.is_some() {
+                            settle(rows, cols);
+                        }
                         i += j1 - j0;
                     }
                 });
@@ -622,12 +664,12 @@ impl Backend for CpuBackend {
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error> {
         check_shapes(a, b, out)?;
         match b {
-            Rhs::Weights(w) => self.run(a, w, out, None),
+            Rhs::Weights(w) => self.run(a, w, out, None, None),
             #[cfg(target_arch = "x86_64")]
             Rhs::Activation(q) if a.rows() <= ROWS_MAX_T && kernels::rows_available(self.isa) => {
                 self.rows(a, q, out)
             }
-            Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out, None),
+            Rhs::Activation(q) => self.run(a, &PackedWeights::from_quantized(q), out, None, None),
         }
         Ok(())
     }
@@ -642,11 +684,29 @@ impl Backend for CpuBackend {
         match b {
             Rhs::Weights(w) => {
                 check_shapes(a, b, out)?;
-                self.run(a, w, out, Some(audit));
+                self.run(a, w, out, Some(audit), None);
                 Ok(())
             }
             Rhs::Activation(_) => self.gemm_i32(a, b, out),
         }
+    }
+
+    fn gemm_dequantized(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        c: &mut [f32],
+        audit: &LiveAudit,
+    ) -> Result<(), Error> {
+        let Rhs::Weights(w) = b else {
+            return crate::verify::gemm_then_dequantize(self, a, b, c, audit);
+        };
+        let acc = crate::as_accumulators(c);
+        check_shapes(a, b, acc)?;
+        // Every block is checked before it is dequantized, so no cell is left for `finish` to
+        // read (it would read f32 bits); it reports the first disagreement the blocks found.
+        self.run(a, w, acc, Some(audit), Some((a.scales(), w.scales())));
+        audit.finish(&|| self.name(), a, b, acc)
     }
 }
 

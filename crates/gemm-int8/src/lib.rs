@@ -225,7 +225,7 @@ fn dequantize_one(acc: i32, sa: f32, sb: f32) -> f32 {
 
 /// Dequantize accumulators stored as raw i32 bits in `c` (`sa.len() × sb.len()`), rows shared out
 /// over the pool when large.
-fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
+pub(crate) fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
     let n = sb.len();
     if n == 0 {
         return;
@@ -246,8 +246,8 @@ fn dequantize_in_place(c: &mut [f32], sa: &[f32], sb: &[f32]) {
 }
 
 simd_versions! {
-    /// One row of [`dequantize_in_place`].
-    fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
+    /// One row of [`dequantize_in_place`] (or a run of its columns, `sb` theirs).
+    pub(crate) fn dequantize_row(r: &mut [f32], s: f32, sb: &[f32]) {
         for (v, &t) in r.iter_mut().zip(sb) {
             *v = dequantize_one(v.to_bits() as i32, s, t);
         }
@@ -552,12 +552,12 @@ pub fn gemm_quantized_into(
         });
     }
     // One buffer: the backend writes i32 accumulators into it, which are then dequantized in place.
-    {
-        // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid for
-        // both; the view is dropped before `c` is used as f32 again.
-        let acc = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) };
-        verify::gemm_audited(backend, a, b, acc)?;
-    }
-    dequantize_in_place(c, a.scales(), b.scales());
-    Ok(())
+    backend.gemm_dequantized(a, b, c, &verify::LiveAudit::live(a, b))
+}
+
+/// `c` viewed as the i32 accumulators a backend writes before they are dequantized in place.
+pub(crate) fn as_accumulators(c: &mut [f32]) -> &mut [i32] {
+    // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid for
+    // both; the view borrows `c` mutably, so `c` is not used as f32 while it lives.
+    unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) }
 }

@@ -160,6 +160,20 @@ impl LiveAudit {
         &self,
         a: &Quantized,
         b: Rhs<'_>,
+        cols: (usize, usize),
+        acc: impl Fn(usize, usize) -> i32,
+    ) {
+        self.check_block(a, b, (0, a.rows()), cols, acc);
+    }
+
+    /// [`LiveAudit::check_columns`] for the cells in rows `[r0, r1)` of columns `[c0, c1)`: a
+    /// block of the product just written (the CPU backend's tiles, checked before it dequantizes
+    /// them).
+    pub(crate) fn check_block(
+        &self,
+        a: &Quantized,
+        b: Rhs<'_>,
+        (r0, r1): (usize, usize),
         (c0, c1): (usize, usize),
         acc: impl Fn(usize, usize) -> i32,
     ) {
@@ -169,7 +183,7 @@ impl LiveAudit {
             .partition_point(|c| c.col / PANEL < c1.div_ceil(PANEL));
         let mut inside = self.cells[from..to]
             .iter()
-            .filter(|c| (c0..c1).contains(&c.col))
+            .filter(|c| (c0..c1).contains(&c.col) && (r0..r1).contains(&c.row))
             .peekable();
         if inside.peek().is_some() {
             self.check(a, b, inside, acc);
@@ -280,17 +294,24 @@ pub(crate) fn audit_live(
     LiveAudit::live(a, b).finish(&|| backend.name(), a, b, acc)
 }
 
-/// A live GEMM and its audit: [`Backend::gemm_i32_audited`] checks what cells it can as it goes,
-/// the rest are checked after.
-pub(crate) fn gemm_audited(
-    backend: &dyn Backend,
+/// A live GEMM, its audit and its dequantization, one after the other ([`Backend::gemm_dequantized`]
+/// where a backend does not interleave them): [`Backend::gemm_i32_audited`] checks what cells it
+/// can as it goes, the rest are checked after, then every accumulator in `c` (its i32 bits) is
+/// dequantized in place.
+pub(crate) fn gemm_then_dequantize<B: Backend + ?Sized>(
+    backend: &B,
     a: &Quantized,
     b: Rhs<'_>,
-    acc: &mut [i32],
+    c: &mut [f32],
+    audit: &LiveAudit,
 ) -> Result<(), Error> {
-    let audit = LiveAudit::live(a, b);
-    backend.gemm_i32_audited(a, b, acc, &audit)?;
-    audit.finish(&|| backend.name(), a, b, acc)
+    {
+        let acc = crate::as_accumulators(c);
+        backend.gemm_i32_audited(a, b, acc, audit)?;
+        audit.finish(&|| backend.name(), a, b, acc)?;
+    }
+    crate::dequantize_in_place(c, a.scales(), b.scales());
+    Ok(())
 }
 
 /// How a gate fills a matrix.
@@ -515,6 +536,64 @@ mod tests {
                 .cells
                 .iter()
                 .all(|c| c.checked.load(Ordering::Relaxed))
+        );
+    }
+
+    #[test]
+    fn a_product_dequantized_as_it_is_written_checks_every_cell_in_its_blocks() {
+        // Tiles of a prefill-sized product (paired rows on AVX2), and decode's runs of columns.
+        for (t, n, k) in [(67, 130, 579), (1, 1536, 576)] {
+            let (a, w) = operands(t, n, k);
+            for seed in 0..4 {
+                let audit = LiveAudit::new(t, n, seed, AUDIT_CELLS);
+                let mut c = vec![0f32; t * n];
+                CpuBackend::new()
+                    .gemm_dequantized(&a, Rhs::Weights(&w), &mut c, &audit)
+                    .unwrap();
+                assert!(
+                    audit
+                        .cells
+                        .iter()
+                        .all(|c| c.checked.load(Ordering::Relaxed)),
+                    "{t}×{n}: a cell was left for `finish`, which would read f32 bits"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_checks_its_own_cells_and_reports_a_wrong_one() {
+        let (t, n, k) = (40, 64, 130);
+        let (a, w) = operands(t, n, k);
+        let mut good = vec![0i32; t * n];
+        reference_i32(&a, Rhs::Weights(&w), &mut good).unwrap();
+        let audit = LiveAudit::new(t, n, 9, AUDIT_CELLS);
+        let inside = |c: &Cell| c.row < 20;
+        assert!(audit.cells.iter().any(inside) && !audit.cells.iter().all(inside));
+        // Every audited cell wrong, read through the block of rows [0, 20): only its cells are
+        // checked, the rest are left for `finish`, which reads the right accumulators.
+        let mut bad = good.clone();
+        for c in &audit.cells {
+            bad[c.row * n + c.col] = good[c.row * n + c.col].wrapping_add(1);
+        }
+        audit.check_block(&a, Rhs::Weights(&w), (0, 20), (0, n), |row, col| {
+            bad[row * n + col]
+        });
+        for c in &audit.cells {
+            assert_eq!(c.checked.load(Ordering::Relaxed), inside(c));
+        }
+        let first = audit
+            .cells
+            .iter()
+            .filter(|c| inside(c))
+            .min_by_key(|c| c.index)
+            .unwrap();
+        let err = audit
+            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::AuditMismatch { row, col, .. } if (row, col) == (first.row, first.col)),
+            "{err}"
         );
     }
 

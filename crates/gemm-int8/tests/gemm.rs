@@ -1094,3 +1094,47 @@ fn row_by_row_products_equal_the_reference() {
         }
     }
 }
+
+/// The CPU backend checks and dequantizes each block of a weight product as soon as it has written
+/// it (`Backend::gemm_dequantized`): every output must be the contract's
+/// `((acc as f32) · sa) · sb` over the accumulators of `gemm_i32`, bit for bit — decode's runs of
+/// columns (1-4 rows, one thread or the pool), prefill's tiles by strips and by blocks (paired
+/// from 16 rows on AVX2), K with values left to the scalar loop, cut panels. Its mutation, the two
+/// scales applied in the other order, must differ on every shape.
+#[test]
+fn weight_products_dequantized_as_written_are_the_contract_over_the_integers() {
+    let be = CpuBackend::new();
+    let shapes = [
+        (1, 576, 1536),
+        (3, 64, 40),
+        (4, 1539, 97),
+        (16, 576, 192),
+        (33, 131, 200),
+        (100, 576, 576),
+        (512, 576, 1536),
+        (64, 1536, 576),
+    ];
+    for (t, k, n) in shapes {
+        let a = quantize_rows(&daisy_gemm_int8::seeded_matrix(t as u64, t, k), t, k).unwrap();
+        let b =
+            PackedWeights::new(&daisy_gemm_int8::seeded_matrix(n as u64 ^ 77, n, k), n, k).unwrap();
+        let got = gemm_quantized(&be, &a, Rhs::Weights(&b)).unwrap();
+        let mut acc = vec![0i32; t * n];
+        be.gemm_i32(&a, Rhs::Weights(&b), &mut acc).unwrap();
+        let contract = |scales_swapped: bool| -> Vec<f32> {
+            acc.iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let (sa, sb) = (a.scales()[i / n], b.scales()[i % n]);
+                    match scales_swapped {
+                        false => (v as f32 * sa) * sb,
+                        true => (v as f32 * sb) * sa,
+                    }
+                })
+                .collect()
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&contract(false)), "{t}×{k}×{n}");
+        assert_ne!(bits(&got), bits(&contract(true)), "{t}×{k}×{n}: mutation");
+    }
+}
