@@ -511,10 +511,7 @@ mod tests {
                 .unwrap();
             assert_eq!(audit.cells.len(), AUDIT_CELLS);
             assert!(
-                audit
-                    .cells
-                    .iter()
-                    .all(|c| c.checked.load(Ordering::Relaxed)),
+                all_checked(&audit),
                 "seed {seed}: the backend left cells to the caller"
             );
             audit
@@ -531,12 +528,31 @@ mod tests {
         audit
             .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &acc)
             .unwrap();
+        assert!(all_checked(&audit));
+    }
+
+    /// `finish` against the right accumulators `good` reports `first`, a cell found wrong before.
+    fn reports_first(
+        audit: &LiveAudit,
+        (a, w): (&Quantized, &PackedWeights),
+        good: &[i32],
+        first: &Cell,
+    ) {
+        let err = audit
+            .finish(&|| "cpu".into(), a, Rhs::Weights(w), good)
+            .unwrap_err();
         assert!(
-            audit
-                .cells
-                .iter()
-                .all(|c| c.checked.load(Ordering::Relaxed))
+            matches!(err, Error::AuditMismatch { row, col, .. } if (row, col) == (first.row, first.col)),
+            "{err}"
         );
+    }
+
+    /// Whether every cell of `audit` has been checked.
+    fn all_checked(audit: &LiveAudit) -> bool {
+        audit
+            .cells
+            .iter()
+            .all(|c| c.checked.load(Ordering::Relaxed))
     }
 
     #[test]
@@ -551,31 +567,38 @@ mod tests {
                     .gemm_dequantized(&a, Rhs::Weights(&w), &mut c, &audit)
                     .unwrap();
                 assert!(
-                    audit
-                        .cells
-                        .iter()
-                        .all(|c| c.checked.load(Ordering::Relaxed)),
+                    all_checked(&audit),
                     "{t}×{n}: a cell was left for `finish`, which would read f32 bits"
                 );
             }
         }
     }
 
-    #[test]
-    fn a_block_checks_its_own_cells_and_reports_a_wrong_one() {
-        let (t, n, k) = (40, 64, 130);
+    /// A `t × n` product's right accumulators, the same with every cell of `audit` off by one,
+    /// and its operands.
+    fn audited_cells_wrong(
+        (t, n, k): (usize, usize, usize),
+        audit: &LiveAudit,
+    ) -> (Vec<i32>, Vec<i32>, Quantized, PackedWeights) {
         let (a, w) = operands(t, n, k);
         let mut good = vec![0i32; t * n];
         reference_i32(&a, Rhs::Weights(&w), &mut good).unwrap();
+        let mut bad = good.clone();
+        for c in &audit.cells {
+            bad[c.row * n + c.col] = good[c.row * n + c.col].wrapping_add(1);
+        }
+        (good, bad, a, w)
+    }
+
+    #[test]
+    fn a_block_checks_its_own_cells_and_reports_a_wrong_one() {
+        let (t, n, k) = (40, 64, 130);
         let audit = LiveAudit::new(t, n, 9, AUDIT_CELLS);
         let inside = |c: &Cell| c.row < 20;
         assert!(audit.cells.iter().any(inside) && !audit.cells.iter().all(inside));
         // Every audited cell wrong, read through the block of rows [0, 20): only its cells are
         // checked, the rest are left for `finish`, which reads the right accumulators.
-        let mut bad = good.clone();
-        for c in &audit.cells {
-            bad[c.row * n + c.col] = good[c.row * n + c.col].wrapping_add(1);
-        }
+        let (good, bad, a, w) = audited_cells_wrong((t, n, k), &audit);
         audit.check_block(&a, Rhs::Weights(&w), (0, 20), (0, n), |row, col| {
             bad[row * n + col]
         });
@@ -588,38 +611,20 @@ mod tests {
             .filter(|c| inside(c))
             .min_by_key(|c| c.index)
             .unwrap();
-        let err = audit
-            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
-            .unwrap_err();
-        assert!(
-            matches!(err, Error::AuditMismatch { row, col, .. } if (row, col) == (first.row, first.col)),
-            "{err}"
-        );
+        reports_first(&audit, (&a, &w), &good, first);
     }
 
     #[test]
     fn a_wrong_cell_checked_as_the_backend_goes_is_reported_first_in_the_seeded_order() {
         let (t, n, k) = (2, 96, 577);
-        let (a, w) = operands(t, n, k);
-        let mut good = vec![0i32; t * n];
-        reference_i32(&a, Rhs::Weights(&w), &mut good).unwrap();
         let audit = LiveAudit::new(t, n, 5, AUDIT_CELLS);
         // Every audited cell wrong; checked in two runs of columns, the later columns first.
-        let mut bad = good.clone();
-        for c in &audit.cells {
-            bad[c.row * n + c.col] = good[c.row * n + c.col].wrapping_add(1);
-        }
+        let (good, bad, a, w) = audited_cells_wrong((t, n, k), &audit);
         let read = |row: usize, col: usize| bad[row * n + col];
         audit.check_columns(&a, Rhs::Weights(&w), (48, n), read);
         audit.check_columns(&a, Rhs::Weights(&w), (0, 48), read);
         let first = audit.cells.iter().find(|c| c.index == 0).unwrap();
-        let err = audit
-            .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
-            .unwrap_err();
-        assert!(
-            matches!(err, Error::AuditMismatch { row, col, .. } if (row, col) == (first.row, first.col)),
-            "{err}"
-        );
+        reports_first(&audit, (&a, &w), &good, first);
         // The same cells against the right accumulators pass.
         let audit = LiveAudit::new(t, n, 5, AUDIT_CELLS);
         audit.check_columns(&a, Rhs::Weights(&w), (0, n), |row, col| good[row * n + col]);
