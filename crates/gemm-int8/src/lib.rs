@@ -517,10 +517,8 @@ pub fn gemm_quantized_batch(
         let mut items: smallvec::SmallVec<[BatchItem<'_>; 8]> =
             smallvec::SmallVec::with_capacity(pairs.len());
         for ((a, b), c) in pairs.iter().zip(&mut outs) {
-            // SAFETY: f32 and i32 have the same size and alignment and every bit pattern is valid
-            // for both; each view covers its own vector and is dropped before it is used as f32.
-            let out =
-                unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<i32>(), c.len()) };
+            // Each view covers its own vector and is dropped before it is used as f32.
+            let out = as_accumulators(c);
             check_shapes(a, *b, out)?;
             items.push(BatchItem { a, b: *b, out });
         }
