@@ -159,6 +159,10 @@ fn the_openai_client_drives_a_two_process_ring() {
     // away) and a third finds the queue (of two) full. (Two, not one: two clients at once may both
     // be queued before the ring takes the first.) A client that reads three tokens and goes
     // away stops its turn there (a token or so later: the one being written when it left).
+    assert_eq!(
+        got["queued_before_third"], 2,
+        "two turns never waited behind the stream"
+    );
     assert_error(&got["queue_full"], 429, "the queue is full");
     assert!(got["queue_full"]["headers"]["retry-after"].is_string());
     let read = got["cancelled_after_chunks"].as_u64().unwrap();

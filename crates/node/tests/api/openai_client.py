@@ -142,7 +142,7 @@ for t in threads:
     t.join()
 out["concurrent"] = both
 
-# A client that goes away mid-stream frees the ring; a queue of one turn is full behind it.
+# A client that goes away mid-stream frees the ring; a queue of two turns is full behind it.
 where = urllib.parse.urlsplit(base)
 
 
@@ -157,6 +157,21 @@ def post(body, raw=None):
         headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
     )
     return conn, conn.getresponse()
+
+
+def wait_queued(n, limit=60.0):
+    """Poll the head's /api/ring until `n` turns wait in its queue; the count last seen."""
+    deadline = time.monotonic() + limit
+    seen = None
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+        conn.request("GET", "/api/ring")
+        seen = json.loads(conn.getresponse().read()).get("queued")
+        conn.close()
+        if seen is not None and seen >= n:
+            return seen
+        time.sleep(0.005)
+    return seen
 
 
 body = {"model": model, "messages": user(q0), "temperature": 0, "max_tokens": 200, "stream": True}
@@ -181,7 +196,9 @@ while read < 3:
             waiters = [threading.Thread(target=queued, args=(n,)) for n in range(2)]
             for w in waiters:
                 w.start()
-            time.sleep(1.0)
+            # Ask the head how many turns wait (its page's /api/ring) until both do: a fixed
+            # pause could outlast this turn on a fast machine, and the queue would be draining.
+            out["queued_before_third"] = wait_queued(2)
             out["queue_full"] = error_of(
                 lambda: client.chat.completions.create(model=model, messages=user("hi"), max_tokens=2)
             )
