@@ -1678,7 +1678,14 @@ fn links_losing_2_percent_of_packets_give_the_ids_of_verify() {
 #[test]
 fn a_link_cut_for_10_s_mid_turn_costs_one_replay() {
     let (run, lab) = turn_in_lab("cut", Faults::default(), |_, lab| {
-        std::thread::sleep(Duration::from_millis(300));
+        // Mid-turn by the turn's own progress, not by a clock (a fixed 300 ms outlasted the whole
+        // 64-token turn on a fast machine): once the lab has carried 40 more packets, some ten
+        // laps in.
+        let begun = lab.counts().0;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lab.counts().0 < begun + 40 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         lab.set(|f| f.cut = Some((2, Instant::now() + Duration::from_secs(10))));
     });
     let report = equals_verify_and_the_oracle(&run);
