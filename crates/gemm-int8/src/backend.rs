@@ -79,7 +79,7 @@ pub trait Backend: Send + Sync {
     fn gemm_i32(&self, a: &Quantized, b: Rhs<'_>, out: &mut [i32]) -> Result<(), Error>;
 
     /// [`Backend::gemm_i32`], checking the cells of `audit` it can as it goes (while their operands
-    /// are still in cache: [`LiveAudit::check_columns`] on a run of columns just written); the
+    /// are still in cache: [`LiveAudit::check_block`] on a block just written); the
     /// caller checks every cell left after. By default none is checked here.
     fn gemm_i32_audited(
         &self,

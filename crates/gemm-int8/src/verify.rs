@@ -154,22 +154,11 @@ impl LiveAudit {
         Self::new(a.rows(), b.n(), splitmix(&mut seed), AUDIT_CELLS)
     }
 
-    /// Check the cells in columns `[c0, c1)` now, reading each one's accumulator through `acc`
-    /// (row, column). For a backend, right after it wrote those columns, on the thread that did.
-    pub fn check_columns(
-        &self,
-        a: &Quantized,
-        b: Rhs<'_>,
-        cols: (usize, usize),
-        acc: impl Fn(usize, usize) -> i32,
-    ) {
-        self.check_block(a, b, (0, a.rows()), cols, acc);
-    }
-
-    /// [`LiveAudit::check_columns`] for the cells in rows `[r0, r1)` of columns `[c0, c1)`: a
-    /// block of the product just written (the CPU backend's tiles, checked before it dequantizes
-    /// them).
-    pub(crate) fn check_block(
+    /// Check the cells in rows `[r0, r1)` of columns `[c0, c1)` now, reading each one's
+    /// accumulator through `acc` (row, column). For a backend, right after it wrote that block (a
+    /// run of columns over every row at decode, a tile of rows × panels at prefill), on the thread
+    /// that did, while it is in cache.
+    pub fn check_block(
         &self,
         a: &Quantized,
         b: Rhs<'_>,
@@ -621,13 +610,15 @@ mod tests {
         // Every audited cell wrong; checked in two runs of columns, the later columns first.
         let (good, bad, a, w) = audited_cells_wrong((t, n, k), &audit);
         let read = |row: usize, col: usize| bad[row * n + col];
-        audit.check_columns(&a, Rhs::Weights(&w), (48, n), read);
-        audit.check_columns(&a, Rhs::Weights(&w), (0, 48), read);
+        audit.check_block(&a, Rhs::Weights(&w), (0, t), (48, n), read);
+        audit.check_block(&a, Rhs::Weights(&w), (0, t), (0, 48), read);
         let first = audit.cells.iter().find(|c| c.index == 0).unwrap();
         reports_first(&audit, (&a, &w), &good, first);
         // The same cells against the right accumulators pass.
         let audit = LiveAudit::new(t, n, 5, AUDIT_CELLS);
-        audit.check_columns(&a, Rhs::Weights(&w), (0, n), |row, col| good[row * n + col]);
+        audit.check_block(&a, Rhs::Weights(&w), (0, t), (0, n), |row, col| {
+            good[row * n + col]
+        });
         audit
             .finish(&|| "cpu".into(), &a, Rhs::Weights(&w), &good)
             .unwrap();
