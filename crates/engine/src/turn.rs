@@ -124,21 +124,30 @@ pub struct Timings {
 
 /// Decodes ids incrementally: byte-level decoding is the concatenation of each token's bytes, so
 /// only the ids not yet shown are decoded, and they are held back while they end inside a character.
+/// An id the tokenizer does not define adds no text (as `tokenizers` decodes it), said once a turn.
 struct TextStream<'a> {
     opened: &'a Opened,
     count: usize,
     pending: Vec<u32>,
+    /// An id without text has been reported this turn.
+    noted: bool,
 }
 
 impl TextStream<'_> {
     fn push(&mut self, id: u32) -> String {
         self.count += 1;
+        let tokenizer = &self.opened.tokenizer;
+        if !self.noted && tokenizer.id_to_token(id).is_none() {
+            self.noted = true;
+            eprintln!(
+                "note: the model generated token id {id}, which its tokenizer does not define \
+                 ({} ids; the model's vocabulary has {} rows): it adds no text",
+                tokenizer.vocab_size(),
+                self.opened.config().vocab_size
+            );
+        }
         self.pending.push(id);
-        let text = self
-            .opened
-            .tokenizer
-            .decode(&self.pending, true)
-            .unwrap_or_default();
+        let text = tokenizer.decode_generated(&self.pending, true);
         if text.ends_with('\u{fffd}') {
             return String::new();
         }
@@ -177,6 +186,7 @@ pub fn generate_turn(
         opened,
         count: 0,
         pending: Vec::new(),
+        noted: false,
     };
     let generation = generate_streaming(
         head,
@@ -204,7 +214,7 @@ pub fn generate_turn(
     )?;
     let generate_s = t0.elapsed().as_secs_f64();
     let decode_tokens = generation.ids.len().saturating_sub(1);
-    let text = opened.tokenizer.decode(&generation.ids, true)?;
+    let text = opened.tokenizer.decode_generated(&generation.ids, true);
     Ok(Generated {
         text,
         json_complete: mask.as_ref().map(JsonMask::complete),

@@ -127,6 +127,60 @@ fn llama_with_tokenizer(tmp: &Path, tokenizer: &[u8]) -> PathBuf {
     tmp.to_path_buf()
 }
 
+/// A model whose lm_head has more rows than its tokenizer has ids (Qwen2.5: 151,936 against
+/// 151,665) may generate one of them: the turn goes on, the id is in `ids`, it adds no text (as
+/// Hugging Face `tokenizers` decodes it, the oracle here), and the node says so once.
+#[test]
+fn ids_the_tokenizer_does_not_define_add_no_text_and_the_turn_goes_on() {
+    // The tiny llama's tokenizer without its last 200 merges and the tokens they make: ids
+    // 312..512 are rows of the model that the tokenizer does not define.
+    let keep = 312u64;
+    let own = std::fs::read(root().join("fixtures/tiny/llama/tokenizer.json")).unwrap();
+    let mut tok: Value = serde_json::from_slice(&own).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().expect("vocab");
+    assert_eq!(vocab.len(), 512, "the fixture changed");
+    vocab.retain(|_, id| id.as_u64().expect("an id") < keep);
+    let merges = tok["model"]["merges"].as_array_mut().expect("merges");
+    let kept_merges = merges.len() - 200;
+    merges.truncate(kept_merges);
+    let bytes = serde_json::to_vec(&tok).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let m = llama_with_tokenizer(tmp.path(), &bytes);
+    let out = node(&[
+        "run",
+        "--model",
+        &m.to_string_lossy(),
+        "--prompt",
+        "the weather",
+        "--max-new-tokens",
+        "24",
+        "--ignore-eos",
+        "--format",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the run failed: {stderr}");
+    let j = last_json(&out);
+    let generated: Vec<u32> = ids(&j["ids"]).into_iter().map(|id| id as u32).collect();
+    assert_eq!(generated.len(), 24, "{j}");
+    let beyond: Vec<u32> = generated
+        .iter()
+        .copied()
+        .filter(|&id| u64::from(id) >= keep)
+        .collect();
+    assert!(
+        !beyond.is_empty(),
+        "no generated id at or past {keep}: {generated:?} (the case is not exercised)"
+    );
+    assert!(
+        stderr.contains(&format!("token id {}", beyond[0])),
+        "the first id without text is not named: {stderr}"
+    );
+    let oracle = tokenizers::Tokenizer::from_bytes(&bytes).expect("the oracle loads it");
+    let want = oracle.decode(&generated, true).expect("oracle decode");
+    assert_eq!(j["text"].as_str(), Some(want.as_str()), "{j}");
+}
+
 #[test]
 fn tokenizer_refusal_corpus_is_refused_before_computing() {
     let dir = root().join("crates/tokenizer/tests/err");

@@ -124,22 +124,43 @@ impl Tokenizer {
 
     /// Decodes ids to text with the ByteLevel decoder: the tokens' bytes are concatenated and read
     /// as UTF-8, invalid sequences becoming U+FFFD, as `tokenizers` does. With
-    /// `skip_special_tokens`, special added tokens are left out.
+    /// `skip_special_tokens`, special added tokens are left out. An id the tokenizer does not
+    /// define is refused ([`Error::UnknownId`]); for ids a model generated, see
+    /// [`decode_generated`](Self::decode_generated).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, Error> {
+        let (text, unknown) = self.decode_defined(ids, skip_special_tokens);
+        match unknown {
+            Some(id) => Err(Error::UnknownId {
+                id,
+                vocab_size: self.vocab_size(),
+            }),
+            None => Ok(text),
+        }
+    }
+
+    /// Decodes ids a model generated: as [`decode`](Self::decode), except that an id the
+    /// tokenizer does not define stands for no text, as `tokenizers` decodes it. A model's
+    /// vocabulary may have more rows than its tokenizer has tokens (Qwen2.5's 151,936 against
+    /// 151,665), and sampling may pick one of them.
+    pub fn decode_generated(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        self.decode_defined(ids, skip_special_tokens).0
+    }
+
+    /// The text of the ids the tokenizer defines, and the first id it does not.
+    fn decode_defined(&self, ids: &[u32], skip_special_tokens: bool) -> (String, Option<u32>) {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
+        let mut unknown = None;
         for &id in ids {
             let Some(token) = self.id_to_token.get(&id) else {
-                return Err(Error::UnknownId {
-                    id,
-                    vocab_size: self.vocab_size(),
-                });
+                unknown = unknown.or(Some(id));
+                continue;
             };
             if skip_special_tokens && self.added.is_special(token) {
                 continue;
             }
             bytelevel::token_to_bytes(token, &mut bytes);
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        (String::from_utf8_lossy(&bytes).into_owned(), unknown)
     }
 
     /// The bytes a vocabulary token stands for (byte-level characters mapped back to bytes); `None`

@@ -157,6 +157,37 @@ fn decode_refuses_unknown_ids() {
 }
 
 #[test]
+fn decode_generated_leaves_out_ids_the_tokenizer_does_not_define_as_the_oracle_does() {
+    let bytes =
+        std::fs::read(root().join("fixtures/tokenizers/gpt2/tokenizer.json")).expect("read");
+    let tok = Tokenizer::from_json(&bytes).expect("gpt2");
+    let oracle = tokenizers::Tokenizer::from_bytes(&bytes).expect("oracle");
+    // 50257 and beyond: rows a model's lm_head may have past the tokenizer's 50,257 ids.
+    let cases: [&[u32]; 4] = [
+        &[31373, 50257, 995],
+        &[50300, 31373, 50256, 60000],
+        &[50257],
+        &[31373, 50256],
+    ];
+    for ids in cases {
+        for skip in [false, true] {
+            let want = oracle.decode(ids, skip).expect("oracle decode");
+            assert_eq!(
+                tok.decode_generated(ids, skip),
+                want,
+                "{ids:?}, skip {skip}"
+            );
+        }
+    }
+    assert_eq!(
+        tok.decode_generated(&[31373, 50257, 995], false),
+        "hello world"
+    );
+    // The strict decode still refuses them.
+    assert!(tok.decode(&[31373, 50257, 995], false).is_err());
+}
+
+#[test]
 fn chat_template_errors_and_specials() {
     let cfg = br#"{"chat_template": "{% if messages|length == 0 %}{{ raise_exception('no messages') }}{% endif %}{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content|tojson }}\n{% endfor %}", "bos_token": {"content": "<s>"}}"#;
     let t = ChatTemplate::from_tokenizer_config(cfg)
