@@ -124,6 +124,34 @@ fn reap(
     Ok(child.try_wait()?.map(|s| (Some(s), None)))
 }
 
+/// A child that gets SIGTERM when the demo dies, however it dies: `Children` stops the ring when
+/// the demo ends or fails, but a signal sent to the demo alone (not to its process group, as a
+/// terminal's Ctrl-C is) would end it before that, and leave the ring running.
+#[cfg(target_os = "linux")]
+fn with_the_demo(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let demo = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    // SAFETY: between fork and exec the closure only calls `prctl` and `getppid` and builds an
+    // `io::Error` from an errno, none of which allocates or takes a lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The demo may have died before the request took: then no signal would come.
+            if libc::getppid() != demo {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn with_the_demo(cmd: &mut Command) -> &mut Command {
+    cmd
+}
+
 /// Even split of `n` layers over `k` stages, the remainder to the last ones.
 fn even_split(n: usize, k: usize) -> Vec<usize> {
     (0..k)
@@ -171,7 +199,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         stages.len()
     );
     let mut children = Children(Vec::new());
-    let head = Command::new(&exe)
+    let head = with_the_demo(&mut Command::new(&exe))
         .args(&head_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -202,7 +230,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
     let url = url.to_string();
     for i in 1..stages.len() {
         let name = format!("stage-{i}");
-        let mut member = Command::new(&exe)
+        let mut member = with_the_demo(&mut Command::new(&exe))
             .args(["join", "--name", &name])
             .args(args.compute.backend_args())
             .stdin(Stdio::piped())
