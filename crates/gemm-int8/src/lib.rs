@@ -50,7 +50,7 @@ mod quant;
 mod verify;
 
 pub use backend::{AMX_MIN_T, Backend, BatchItem, CpuBackend, Isa, Rhs, check_shapes};
-pub use packed::{HugeBytes, PackedParts, PackedWeights, SharedBytes, WeightArena};
+pub use packed::{HugeBytes, PackedBuilder, PackedParts, PackedWeights, SharedBytes, WeightArena};
 pub use quant::{GrowingRows, Quantized, quantize_residual, quantize_rows};
 pub use verify::{
     AUDIT_CELLS, LiveAudit, PROBE_SHAPE, audit, exact_gates, measure_rate, probe, reference_cell,

@@ -6,8 +6,8 @@
 //! each product from three products through the same unit.
 
 use daisy_gemm_int8::{
-    Backend, PackedWeights, Quantized, Rhs, gemm, gemm_quantized, gemm_quantized_batch,
-    leading_reusing, quantize_residual, quantize_rows_reusing, recycle,
+    Backend, PackedBuilder, PackedWeights, Quantized, Rhs, gemm, gemm_quantized,
+    gemm_quantized_batch, leading_reusing, quantize_residual, quantize_rows_reusing, recycle,
 };
 
 use smallvec::SmallVec;
@@ -127,8 +127,20 @@ struct RowBlocks<'a> {
     precision: Precision,
     n: usize,
     k: usize,
-    planes: Planes,
+    /// Rows pushed so far.
+    rows: usize,
+    into: Gathered,
     what: &'a dyn Fn() -> String,
+}
+
+/// Where a [`RowBlocks`] puts its rows.
+enum Gathered {
+    /// Appended quantized, packed at the end (a weight of a layer: the stage then moves it into its
+    /// arena with the others).
+    Planes(Planes),
+    /// Packed as they come into memory of the weight's own (one as large as a tied lm_head
+    /// would otherwise be held twice over at load, quantized and packed).
+    Packed(PackedBuilder, Option<PackedBuilder>),
 }
 
 impl<'a> RowBlocks<'a> {
@@ -146,7 +158,30 @@ impl<'a> RowBlocks<'a> {
             precision,
             n,
             k,
-            planes: (empty()?, second),
+            rows: 0,
+            into: Gathered::Planes((empty()?, second)),
+            what,
+        })
+    }
+
+    /// As [`new`](Self::new), each block packed as it comes ([`Gathered::Packed`]).
+    fn packing(
+        precision: Precision,
+        n: usize,
+        k: usize,
+        what: &'a dyn Fn() -> String,
+    ) -> Result<Self> {
+        let builder = || PackedBuilder::new(n, k).map_err(|e| gemm_err(what, e));
+        let second = match precision.two_planes() {
+            true => Some(builder()?),
+            false => None,
+        };
+        Ok(Self {
+            precision,
+            n,
+            k,
+            rows: 0,
+            into: Gathered::Packed(builder()?, second),
             what,
         })
     }
@@ -156,26 +191,44 @@ impl<'a> RowBlocks<'a> {
         let rows = w.len().checked_div(self.k).unwrap_or(0);
         let err = |e| gemm_err(self.what, e);
         let (p1, p2) = planes(self.precision, w, rows, self.k).map_err(err)?;
-        self.planes.0.append(&p1).map_err(err)?;
-        if let (Some(second), Some(p2)) = (&mut self.planes.1, p2) {
-            second.append(&p2).map_err(err)?;
+        match &mut self.into {
+            Gathered::Planes((q1, q2)) => {
+                q1.append(&p1).map_err(err)?;
+                if let (Some(q2), Some(p2)) = (q2, &p2) {
+                    q2.append(p2).map_err(err)?;
+                }
+            }
+            Gathered::Packed(b1, b2) => {
+                b1.push(&p1).map_err(err)?;
+                if let (Some(b2), Some(p2)) = (b2, &p2) {
+                    b2.push(p2).map_err(err)?;
+                }
+            }
         }
+        self.rows += rows;
         Ok(())
     }
 
     /// The packed weight, refused unless exactly its `n` rows were pushed.
     fn into_weight(self) -> Result<Weight> {
-        let got = self.planes.0.rows();
-        if got != self.n {
+        if self.rows != self.n {
             return Err(Error::Invalid(format!(
-                "{}: {got} rows of {} given for a {}x{} weight",
+                "{}: {} rows of {} given for a {}x{} weight",
                 (self.what)(),
+                self.rows,
                 self.k,
                 self.n,
                 self.k
             )));
         }
-        Ok(Weight::packed(self.planes))
+        let err = |e| gemm_err(self.what, e);
+        Ok(match self.into {
+            Gathered::Planes(planes) => Weight::packed(planes),
+            Gathered::Packed(b1, None) => Weight::Int8(b1.finish().map_err(err)?),
+            Gathered::Packed(b1, Some(b2)) => {
+                Weight::Int8x2([b1.finish().map_err(err)?, b2.finish().map_err(err)?])
+            }
+        })
     }
 }
 
@@ -298,7 +351,7 @@ impl Linear {
             Precision::Int8 | Precision::Int8x2 => {
                 const BLOCK: usize = 1024;
                 let what = || format!("quantizing the tied {n}x{k} lm_head");
-                let mut blocks = RowBlocks::new(precision, n, k, &what)?;
+                let mut blocks = RowBlocks::packing(precision, n, k, &what)?;
                 let mut rows = Vec::with_capacity(BLOCK * k);
                 for r0 in (0..n).step_by(BLOCK) {
                     let r1 = (r0 + BLOCK).min(n);
