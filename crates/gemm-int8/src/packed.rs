@@ -770,63 +770,6 @@ impl Drop for Reservation {
 }
 
 #[cfg(test)]
-mod builder_tests {
-    use super::*;
-
-    /// A weight packed block by block, in 2 MiB pages or in owned arrays, is byte for byte the
-    /// weight packed whole: whole and cut panels, K with and without a leftover; its mutation, one
-    /// row changed in one block, must differ.
-    #[test]
-    fn a_weight_packed_as_its_rows_come_is_the_weight_packed_whole() {
-        let mut state = 0xB10C_5EEDu64;
-        let mut next = move || crate::verify::splitmix(&mut state);
-        for (n, k, block) in [(40, 7, 16), (33, 1027, 5), (16, 64, 16), (1000, 130, 333)] {
-            let q: Vec<i8> = (0..n * k)
-                .map(|_| ((next() % 255) as i32 - 127) as i8)
-                .collect();
-            let scales: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 / 7.0).collect();
-            let whole = Quantized::from_parts(n, k, q.clone(), scales.clone()).expect("whole");
-            let want = PackedWeights::from_quantized(&whole);
-            let bytes = |w: &PackedWeights| -> Vec<Vec<u8>> {
-                w.parts().arrays.iter().map(|(b, _)| b.to_vec()).collect()
-            };
-            for (huge, mutate) in [(true, false), (false, false), (true, true)] {
-                let mut b = PackedBuilder::new_in(n, k, huge).expect("room");
-                for r0 in (0..n).step_by(block) {
-                    let r1 = (r0 + block).min(n);
-                    let mut rows = q[r0 * k..r1 * k].to_vec();
-                    if mutate && r0 + block >= n {
-                        rows[0] = rows[0].wrapping_add(1);
-                    }
-                    let part = Quantized::from_parts(r1 - r0, k, rows, scales[r0..r1].to_vec())
-                        .expect("part");
-                    b.push(&part).expect("push");
-                }
-                let got = b.finish().expect("finish");
-                assert_eq!((got.n(), got.k()), (n, k));
-                let same = bytes(&got) == bytes(&want);
-                assert_eq!(
-                    same, !mutate,
-                    "{n}x{k} by {block}, huge {huge}, mutated {mutate}"
-                );
-            }
-            // Too few rows, too many, another K: refused.
-            assert!(PackedBuilder::new(n, k).expect("room").finish().is_err());
-            let mut b = PackedBuilder::new(n, k).expect("room");
-            b.push(&whole).expect("all rows");
-            assert!(b.push(&whole).is_err());
-            let other = Quantized::from_parts(1, k + 1, vec![0; k + 1], vec![1.0]).expect("row");
-            assert!(
-                PackedBuilder::new(n, k)
-                    .expect("room")
-                    .push(&other)
-                    .is_err()
-            );
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -886,6 +829,58 @@ mod tests {
                 mutant.panel_sums(p, &qa)[(n - 1) % PANEL],
                 w.panel_sums(p, &qa)[(n - 1) % PANEL],
                 "n={n} k={k}: the mutant's sum must move"
+            );
+        }
+    }
+
+    /// A weight packed block by block, in 2 MiB pages or in owned arrays, is byte for byte the
+    /// weight packed whole: whole and cut panels, K with and without a leftover; its mutation, one
+    /// row changed in one block, must differ.
+    #[test]
+    fn a_weight_packed_as_its_rows_come_is_the_weight_packed_whole() {
+        let mut state = 0xB10C_5EEDu64;
+        let mut next = move || crate::verify::splitmix(&mut state);
+        for (n, k, block) in [(40, 7, 16), (33, 1027, 5), (16, 64, 16), (1000, 130, 333)] {
+            let q: Vec<i8> = (0..n * k)
+                .map(|_| ((next() % 255) as i32 - 127) as i8)
+                .collect();
+            let scales: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 / 7.0).collect();
+            let whole = Quantized::from_parts(n, k, q.clone(), scales.clone()).expect("whole");
+            let want = PackedWeights::from_quantized(&whole);
+            let bytes = |w: &PackedWeights| -> Vec<Vec<u8>> {
+                w.parts().arrays.iter().map(|(b, _)| b.to_vec()).collect()
+            };
+            for (huge, mutate) in [(true, false), (false, false), (true, true)] {
+                let mut b = PackedBuilder::new_in(n, k, huge).expect("room");
+                for r0 in (0..n).step_by(block) {
+                    let r1 = (r0 + block).min(n);
+                    let mut rows = q[r0 * k..r1 * k].to_vec();
+                    if mutate && r0 + block >= n {
+                        rows[0] = rows[0].wrapping_add(1);
+                    }
+                    let part = Quantized::from_parts(r1 - r0, k, rows, scales[r0..r1].to_vec())
+                        .expect("part");
+                    b.push(&part).expect("push");
+                }
+                let got = b.finish().expect("finish");
+                assert_eq!((got.n(), got.k()), (n, k));
+                let same = bytes(&got) == bytes(&want);
+                assert_eq!(
+                    same, !mutate,
+                    "{n}x{k} by {block}, huge {huge}, mutated {mutate}"
+                );
+            }
+            // Too few rows, too many, another K: refused.
+            assert!(PackedBuilder::new(n, k).expect("room").finish().is_err());
+            let mut b = PackedBuilder::new(n, k).expect("room");
+            b.push(&whole).expect("all rows");
+            assert!(b.push(&whole).is_err());
+            let other = Quantized::from_parts(1, k + 1, vec![0; k + 1], vec![1.0]).expect("row");
+            assert!(
+                PackedBuilder::new(n, k)
+                    .expect("room")
+                    .push(&other)
+                    .is_err()
             );
         }
     }

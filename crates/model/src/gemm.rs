@@ -150,18 +150,14 @@ impl<'a> RowBlocks<'a> {
             Quantized::from_parts(0, k, Vec::with_capacity(n * k), Vec::with_capacity(n))
                 .map_err(|e| gemm_err(what, e))
         };
-        let second = match precision.two_planes() {
-            true => Some(empty()?),
-            false => None,
-        };
-        Ok(Self {
+        let second = precision.two_planes().then(empty).transpose()?;
+        Ok(Self::gathering(
             precision,
             n,
             k,
-            rows: 0,
-            into: Gathered::Planes((empty()?, second)),
             what,
-        })
+            Gathered::Planes((empty()?, second)),
+        ))
     }
 
     /// As [`new`](Self::new), each block packed as it comes ([`Gathered::Packed`]).
@@ -172,18 +168,31 @@ impl<'a> RowBlocks<'a> {
         what: &'a dyn Fn() -> String,
     ) -> Result<Self> {
         let builder = || PackedBuilder::new(n, k).map_err(|e| gemm_err(what, e));
-        let second = match precision.two_planes() {
-            true => Some(builder()?),
-            false => None,
-        };
-        Ok(Self {
+        let second = precision.two_planes().then(builder).transpose()?;
+        Ok(Self::gathering(
+            precision,
+            n,
+            k,
+            what,
+            Gathered::Packed(builder()?, second),
+        ))
+    }
+
+    fn gathering(
+        precision: Precision,
+        n: usize,
+        k: usize,
+        what: &'a dyn Fn() -> String,
+        into: Gathered,
+    ) -> Self {
+        Self {
             precision,
             n,
             k,
             rows: 0,
-            into: Gathered::Packed(builder()?, second),
+            into,
             what,
-        })
+        }
     }
 
     /// Quantize whole rows `w` and append them.
