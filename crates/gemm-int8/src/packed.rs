@@ -144,22 +144,9 @@ impl PackedBuilder {
                 let (lines, rest) = all.split_at_mut(ranges[1].start);
                 let (tail, rest) = rest.split_at_mut(ranges[2].start - ranges[1].start);
                 let (corr, scales) = rest.split_at_mut(ranges[3].start - ranges[2].start);
-                let view = |e: bytemuck::PodCastError| Error::Misaligned {
-                    what: "a packed weight being built",
-                    offset: 0,
-                    align: match e {
-                        bytemuck::PodCastError::TargetAlignmentGreaterAndInputNotAligned => {
-                            size_of::<Line>()
-                        }
-                        _ => 1,
-                    },
-                };
-                let lines: &mut [Line] =
-                    bytemuck::try_cast_slice_mut(&mut lines[..ranges[0].len()]).map_err(view)?;
-                let corr: &mut [i32] =
-                    bytemuck::try_cast_slice_mut(&mut corr[..ranges[2].len()]).map_err(view)?;
-                let scales: &mut [f32] =
-                    bytemuck::try_cast_slice_mut(&mut scales[..ranges[3].len()]).map_err(view)?;
+                let lines: &mut [Line] = typed(lines, &ranges[0], 0)?;
+                let corr: &mut [i32] = typed(corr, &ranges[2], ranges[2].start)?;
+                let scales: &mut [f32] = typed(scales, &ranges[3], ranges[3].start)?;
                 let tail: &mut [i8] = bytemuck::cast_slice_mut(&mut tail[..ranges[1].len()]);
                 pack_rows(b, col0, panels, lines, corr, tail);
                 scales[rows].copy_from_slice(b.scales());
@@ -176,6 +163,11 @@ impl PackedBuilder {
         }
         self.done += b.rows();
         Ok(())
+    }
+
+    /// Rows packed so far.
+    pub fn rows(&self) -> usize {
+        self.done
     }
 
     /// The packed weight, refused unless all its rows were pushed.
@@ -208,6 +200,20 @@ impl PackedBuilder {
             }),
         }
     }
+}
+
+/// The first `range.len()` bytes of `bytes` (which start at `offset` of a builder's memory) as
+/// values of `T`; refused unless aligned for `T` (the layout places every array on 64 bytes).
+fn typed<'b, T: bytemuck::Pod>(
+    bytes: &'b mut [u8],
+    range: &Range<usize>,
+    offset: usize,
+) -> Result<&'b mut [T], Error> {
+    bytemuck::try_cast_slice_mut(&mut bytes[..range.len()]).map_err(|_| Error::Misaligned {
+        what: "a packed weight being built",
+        offset,
+        align: align_of::<T>(),
+    })
 }
 
 /// Bytes that packed weights may borrow instead of owning: a memory-mapped file, or a buffer one

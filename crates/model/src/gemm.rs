@@ -127,8 +127,6 @@ struct RowBlocks<'a> {
     precision: Precision,
     n: usize,
     k: usize,
-    /// Rows pushed so far.
-    rows: usize,
     into: Gathered,
     what: &'a dyn Fn() -> String,
 }
@@ -189,7 +187,6 @@ impl<'a> RowBlocks<'a> {
             precision,
             n,
             k,
-            rows: 0,
             into,
             what,
         }
@@ -214,17 +211,19 @@ impl<'a> RowBlocks<'a> {
                 }
             }
         }
-        self.rows += rows;
         Ok(())
     }
 
     /// The packed weight, refused unless exactly its `n` rows were pushed.
     fn into_weight(self) -> Result<Weight> {
-        if self.rows != self.n {
+        let got = match &self.into {
+            Gathered::Planes((q1, _)) => q1.rows(),
+            Gathered::Packed(b1, _) => b1.rows(),
+        };
+        if got != self.n {
             return Err(Error::Invalid(format!(
-                "{}: {} rows of {} given for a {}x{} weight",
+                "{}: {got} rows of {} given for a {}x{} weight",
                 (self.what)(),
-                self.rows,
                 self.k,
                 self.n,
                 self.k

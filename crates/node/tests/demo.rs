@@ -3,7 +3,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn root() -> PathBuf {
@@ -49,11 +49,32 @@ fn running(pid: u32) -> bool {
     }
 }
 
+/// The demo and the processes found under it, killed when the test ends, whichever way it ends.
+struct Started {
+    demo: Child,
+    ring: Vec<u32>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.demo.kill();
+        let _ = self.demo.wait();
+        for &pid in &self.ring {
+            if running(pid)
+                && let Ok(pid) = libc::pid_t::try_from(pid)
+            {
+                // SAFETY: a process this test's demo started, still running.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn a_signal_to_the_demo_alone_stops_its_ring() {
     let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
-    let mut demo = Command::new(env!("CARGO_BIN_EXE_node"))
+    let demo = Command::new(env!("CARGO_BIN_EXE_node"))
         .args(["demo", "--model", &model.to_string_lossy()])
         .args(["--stages", "10,10,10", "--prompt", "Once upon a time"])
         .args(["--max-new-tokens", "4000", "--ignore-eos", "--no-verify"])
@@ -61,31 +82,31 @@ fn a_signal_to_the_demo_alone_stops_its_ring() {
         .stderr(Stdio::null())
         .spawn()
         .expect("node demo starts");
+    let mut started = Started {
+        demo,
+        ring: Vec::new(),
+    };
     // The first bytes of the answer: the head and both members are up and the turn runs.
-    let mut stdout = demo.stdout.take().expect("piped");
+    let mut stdout = started.demo.stdout.take().expect("piped");
     let mut first = [0u8; 16];
     let read = stdout.read(&mut first).expect("the demo's output");
     assert!(read > 0, "the demo ended before answering");
-    let ring = children_of(demo.id());
+    started.ring = children_of(started.demo.id());
+    let ring = started.ring.clone();
     assert_eq!(ring.len(), 3, "the demo's processes: {ring:?}");
     // SIGTERM to the demo's pid only (a terminal's Ctrl-C would reach its whole process group).
-    let demo_pid = libc::pid_t::try_from(demo.id()).expect("a pid");
+    let demo_pid = libc::pid_t::try_from(started.demo.id()).expect("a pid");
     // SAFETY: `kill` on our own child, which has not been reaped.
     assert_eq!(unsafe { libc::kill(demo_pid, libc::SIGTERM) }, 0);
-    let status = demo.wait().expect("the demo ends");
+    let status = started.demo.wait().expect("the demo ends");
     assert!(!status.success(), "the demo ended by itself: {status}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut left: Vec<u32> = ring.clone();
+    let mut left = ring.clone();
     while !left.is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
         left.retain(|&pid| running(pid));
     }
-    for &pid in &left {
-        // Not to outlive the test whatever it finds.
-        let pid = libc::pid_t::try_from(pid).expect("a pid");
-        // SAFETY: a process this test's demo started.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
+    // Whatever is left is killed as `started` drops.
     assert!(
         left.is_empty(),
         "still running 10 s after the demo was ended: {left:?} of {ring:?}"
