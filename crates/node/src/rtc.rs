@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::BytesMut;
-use daisy_wire::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, Reassembler, split};
+use daisy_wire::{
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES, Reassembler, split,
+};
 use rtc::data_channel::{RTCDataChannelId, RTCDataChannelInit};
 use rtc::peer_connection::configuration::RTCConfigurationBuilder;
 use rtc::peer_connection::configuration::setting_engine::SettingEngineBuilder;
@@ -81,6 +83,9 @@ pub(crate) struct LinkConfig {
     pub(crate) bind: IpAddr,
     /// An optional STUN server (`stun:host:port`) for server-reflexive candidates.
     pub(crate) stun: Option<String>,
+    /// The receive buffer to ask of the system for the link's socket, in bytes (it caps the
+    /// request; [`RECV_SOCKET_BUFFER`] unless a test models a smaller one).
+    pub(crate) recv_buffer: usize,
 }
 
 /// Create the offering side of a link; returns it and the offer to send (JSON, every candidate).
@@ -918,13 +923,39 @@ fn is_terminal(s: RTCPeerConnectionState) -> bool {
     )
 }
 
+/// The receive buffer a link asks for its socket: what a burst of frames needs, where the system
+/// allows it (Linux caps the request at `net.core.rmem_max`, 208 KiB on most systems).
+pub(crate) const RECV_SOCKET_BUFFER: usize = 4 << 20;
+/// SCTP's receive window at most: the core's default.
+const MAX_RECEIVE_WINDOW: usize = 1 << 20;
+
+/// Widen `socket`'s receive buffer to `asked` bytes as far as the system allows, and return the SCTP receive window
+/// to advertise on it: no more than the buffer holds. The kernel drops a datagram that finds the
+/// buffer full, and SCTP resends it only after its retransmission timeout (a second at least), so
+/// a window larger than the buffer turns every burst a busy receiver cannot read at once into
+/// seconds of nothing: a 1.1 B model's prefill chunks (128 KiB) took 1.7 s each around a loopback
+/// ring with the core's 1 MiB window and a 208 KiB buffer. The kernel charges a datagram up to twice
+/// its bytes (a 8.3 KB one, 16.6 KB), so the window is a third of the buffer, and never below one
+/// whole frame (which SCTP must be able to hold to deliver it).
+fn receive_window(socket: &UdpSocket, asked: usize) -> u32 {
+    let socket = socket2::SockRef::from(socket);
+    // Best effort: a smaller buffer only means a smaller window.
+    let _ = socket.set_recv_buffer_size(asked);
+    let held = socket.recv_buffer_size().unwrap_or(0);
+    let window = (held / 3).clamp(MAX_FRAME_BYTES + 4096, MAX_RECEIVE_WINDOW);
+    u32::try_from(window).unwrap_or(u32::MAX)
+}
+
 /// A peer connection with its candidates gathered: a host candidate on `cfg.bind` and, with a STUN
 /// server, the server-reflexive address it reports.
 fn build(cfg: &LinkConfig) -> Result<(RTCPeerConnection, UdpSocket)> {
     // Failed 2.5 s after the last packet (the defaults take 29 s): a dead member is replanned
     // around quickly, and a keepalive every 300 ms keeps an idle link from flapping. mDNS off:
     // candidates name the address the signaling connection used, never a `.local` name.
-    let mut settings = SettingEngineBuilder::new();
+    let socket = UdpSocket::bind(SocketAddr::new(cfg.bind, 0))
+        .with_context(|| format!("binding a UDP socket on {}", cfg.bind))?;
+    let window = receive_window(&socket, cfg.recv_buffer);
+    let mut settings = SettingEngineBuilder::new().with_sctp_max_receive_buffer_size(window);
     if cfg.bind.is_loopback() {
         // Both ends on this machine: the path is loopback, whose MTU is far above any datagram
         // here.
@@ -943,8 +974,6 @@ fn build(cfg: &LinkConfig) -> Result<(RTCPeerConnection, UdpSocket)> {
         .with_setting_engine(settings)
         .build(Instant::now())
         .context("setting up a WebRTC peer connection")?;
-    let socket = UdpSocket::bind(SocketAddr::new(cfg.bind, 0))
-        .with_context(|| format!("binding a UDP socket on {}", cfg.bind))?;
     let local = socket.local_addr()?;
     let host = CandidateHostConfig {
         base_config: CandidateConfig {
@@ -1065,9 +1094,15 @@ mod tests {
 
     /// Two ends of a link on loopback, set up the way the ring sets them up.
     async fn pair() -> (Link, Link) {
+        pair_with(RECV_SOCKET_BUFFER).await
+    }
+
+    /// [`pair`], each socket asking for `recv_buffer` bytes.
+    async fn pair_with(recv_buffer: usize) -> (Link, Link) {
         let cfg = LinkConfig {
             bind: IpAddr::from([127, 0, 0, 1]),
             stun: None,
+            recv_buffer,
         };
         let (offering, offer) = super::offer(&cfg).await.expect("offer");
         let (answering, answer) = super::answer(&cfg, &offer).await.expect("answer");
@@ -1115,5 +1150,72 @@ mod tests {
             assert_eq!(got.expect("a message"), message(8));
             assert_ne!(on, me);
         });
+    }
+
+    /// Datagrams the kernel dropped at `port`'s UDP socket on 127.0.0.1 because its receive buffer
+    /// was full (the last column of `/proc/net/udp`).
+    fn drops(port: u16) -> u64 {
+        let table = std::fs::read_to_string("/proc/net/udp").expect("/proc/net/udp");
+        let local = format!("0100007F:{port:04X}");
+        let line = table
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(local.as_str()))
+            .unwrap_or_else(|| panic!("no UDP socket at 127.0.0.1:{port}"));
+        let last = line.split_whitespace().last().expect("columns");
+        last.parse().expect("the drops column")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_the_receiver_is_slow_to_read_loses_no_datagram() {
+        // The buffer most systems give (Linux's default cap: the kernel doubles the 104 KiB asked
+        // for, to 208 KiB), whatever this machine allows.
+        let (a, b) = pair_with(212_992).await;
+        let port = b.conn.shared.local.port();
+        let before = drops(port);
+        // Two megabytes in 128 KiB messages (a 1.1 B model's prefill chunk), sent while the
+        // receiving consumer is busy elsewhere and reads nothing for 400 ms.
+        let burst: Vec<Vec<u8>> = (0..16)
+            .map(|i| (0..128 * 1024).map(|j| (i * 7 + j / 3) as u8).collect())
+            .collect();
+        let (tx, rx) = std::sync::mpsc::channel();
+        b.forward(move |m| {
+            let _ = tx.send(m);
+        });
+        let a = Arc::new(a);
+        tokio::task::block_in_place(|| {
+            let mut reads = b.take_reads();
+            let sender = {
+                let (a, burst) = (a.clone(), burst.clone());
+                tokio::spawn(async move {
+                    for m in &burst {
+                        a.send(m).await.expect("send");
+                    }
+                })
+            };
+            std::thread::sleep(Duration::from_millis(400));
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for (i, m) in burst.iter().enumerate() {
+                let got = loop {
+                    match rx.try_recv() {
+                        Ok(got) => break got,
+                        Err(_) => {
+                            assert!(Instant::now() < deadline, "message {i} never came");
+                            assert!(reads.pump(Duration::from_millis(100)), "the link ended");
+                        }
+                    }
+                };
+                assert_eq!(&got.expect("a message"), m, "message {i}");
+            }
+            drop(reads);
+            tokio::runtime::Handle::current()
+                .block_on(sender)
+                .expect("the sender");
+        });
+        assert_eq!(
+            drops(port) - before,
+            0,
+            "the kernel dropped datagrams at the receiver: the sender had more in flight than its \
+             buffer holds"
+        );
     }
 }

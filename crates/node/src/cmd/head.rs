@@ -638,6 +638,7 @@ async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>)
         cfg: LinkConfig {
             bind,
             stun: args.stun.clone(),
+            recv_buffer: rtc::RECV_SOCKET_BUFFER,
         },
         peers: Mutex::new(HashMap::new()),
         answers: Mutex::new(HashMap::new()),

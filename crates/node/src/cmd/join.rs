@@ -178,6 +178,7 @@ async fn member(
     let cfg = LinkConfig {
         bind,
         stun: args.stun.clone(),
+        recv_buffer: rtc::RECV_SOCKET_BUFFER,
     };
 
     // Signaling runs on its own task: offers become links, handed over by role.
