@@ -15,8 +15,8 @@
 //! length then zeros up to its alignment then its bytes, so a mapped file is used where it lies.
 //! It is written whole to a temporary file and renamed into place, and refused on open unless
 //! header and size agree, and on first use of each layer unless its hash agrees (a resident stage
-//! hashes every layer as it loads, a streamed one each layer the first time it reads it), so a file cut short
-//! by a crash or changed on disk is never read as a shard.
+//! hashes every layer as it loads, a streamed one each layer the first time it reads it), so a
+//! file cut short by a crash or changed on disk is never read as a shard.
 
 use std::io::Write;
 use std::ops::Range;
