@@ -296,7 +296,7 @@ impl CpuBackend {
             .then(|| unsafe { kernels::PairedRows::new(a.q(), t, k) });
         #[cfg(not(target_arch = "x86_64"))]
         let paired: Option<()> = None;
-        let owned: Vec<u8>;
+        let mut owned: Vec<u8> = Vec::new();
         let (a_bytes, stride, mr): (&[u8], usize, usize) = match self.isa {
             Isa::Amx if tiles => {
                 let kp = b.kmain().div_ceil(64) * 64;
@@ -426,6 +426,10 @@ impl CpuBackend {
                 });
             }
         }
+        // A decode-sized operand's buffer serves this thread's next product.
+        if owned.capacity() <= KEPT_OFFSET_BYTES {
+            OFFSET_SPARE.set(owned);
+        }
     }
 }
 
@@ -462,15 +466,28 @@ impl CpuBackend {
 /// while every strip passes over it).
 const STRIP_ORDER_MAX_BYTES: usize = 512 << 10;
 
+/// Bytes of an A operand's +128 form that a thread keeps for its next product: a decode row (a few
+/// KB, offset seven times a layer) reuses one buffer instead of an allocation each time; a
+/// prefill's larger ones are not kept, so no thread holds their memory between turns.
+const KEPT_OFFSET_BYTES: usize = 64 << 10;
+
+thread_local! {
+    /// The calling thread's buffer for [`offset_rows`] between two products.
+    static OFFSET_SPARE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// `q + 128` as u8 (`t × k`), rows shared out over the pool in the same chunks as quantization,
-/// so that each thread offsets the rows it quantized.
+/// so that each thread offsets the rows it quantized; in the calling thread's spare buffer when it
+/// has one.
 fn offset_rows(q: &[i8], t: usize, k: usize) -> Vec<u8> {
     let flip = |(dst, src): (&mut [MaybeUninit<u8>], &[i8])| {
         for (d, &s) in dst.iter_mut().zip(src) {
             d.write((s as u8) ^ 0x80);
         }
     };
-    let mut out: Vec<u8> = Vec::with_capacity(q.len());
+    let mut out: Vec<u8> = OFFSET_SPARE.take();
+    out.clear();
+    out.reserve(q.len());
     let rows = &mut out.spare_capacity_mut()[..q.len()];
     let per = pool::rows_per_chunk(t, k, crate::PARALLEL_MIN_ELEMENTS);
     if per >= t || k == 0 {
