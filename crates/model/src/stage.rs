@@ -190,20 +190,16 @@ impl Stage {
             (0..layers.len())
                 .into_par_iter()
                 .map(|i| {
-                    let hashed = std::sync::OnceLock::new();
-                    let _ = hashed.set(
-                        opened
-                            .check(i, &map, opened.range(i))
-                            .map_err(|e| e.to_string()),
-                    );
-                    hashed
+                    opened
+                        .check(i, &map, opened.range(i))
+                        .map_err(|e| e.to_string())
                 })
                 .collect()
         };
+        // The layers' arrays hold the bytes they borrow (`map`) alive.
         stage.mapped = Some(Mapped {
             checked,
             shard: opened,
-            map,
         });
         Ok(Some(stage))
     }
@@ -588,12 +584,7 @@ impl Stage {
         let Some(m) = &self.mapped else {
             return Ok(());
         };
-        let hashed = m.checked[i].get_or_init(|| {
-            m.shard
-                .check(i, &m.map, m.shard.range(i))
-                .map_err(|e| e.to_string())
-        });
-        if let Err(e) = hashed {
+        if let Err(e) = &m.checked[i] {
             m.shard.remove();
             return Err(Error::Invalid(e.clone()));
         }
@@ -691,12 +682,11 @@ impl Stage {
     }
 }
 
-/// A mapped shard that resident layers borrow from, and each layer's hash check (its refusal,
-/// where it failed).
+/// A mapped shard that resident layers borrow from, and each layer's hash check as the stage
+/// loaded (its refusal, where it failed).
 struct Mapped {
     shard: Shard,
-    map: daisy_gemm_int8::SharedBytes,
-    checked: Vec<std::sync::OnceLock<std::result::Result<(), String>>>,
+    checked: Vec<std::result::Result<(), String>>,
 }
 
 fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Result<Head> {

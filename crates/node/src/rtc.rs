@@ -932,8 +932,8 @@ pub(crate) const RECV_SOCKET_BUFFER: usize = 4 << 20;
 /// SCTP's receive window at most: the core's default.
 const MAX_RECEIVE_WINDOW: usize = 1 << 20;
 
-/// Widen `socket`'s receive buffer to `asked` bytes as far as the system allows, and return the SCTP receive window
-/// to advertise on it: no more than the buffer holds. The kernel drops a datagram that finds the
+/// Widen `socket`'s receive buffer to `asked` bytes as far as the system allows, and return the
+/// SCTP receive window to advertise on it: no more than the buffer holds. The kernel drops a datagram that finds the
 /// buffer full, and SCTP resends it only after its retransmission timeout (a second at least), so
 /// a window larger than the buffer turns every burst a busy receiver cannot read at once into
 /// seconds of nothing: a 1.1 B model's prefill chunks (128 KiB) took 1.7 s each around a loopback
@@ -1170,8 +1170,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_burst_the_receiver_is_slow_to_read_loses_no_datagram() {
-        // The buffer most systems give (Linux's default cap: the kernel doubles the 104 KiB asked
-        // for, to 208 KiB), whatever this machine allows.
+        // What a node gets on most systems, whatever this machine allows: its request capped at
+        // Linux's usual `net.core.rmem_max` of 208 KiB, which the kernel doubles to 416 KiB.
         let (a, b) = pair_with(212_992).await;
         let port = b.conn.shared.local.port();
         let before = drops(port);
