@@ -65,10 +65,11 @@ pub fn wake() {
     pool::wake();
 }
 
-/// Let the GEMM's idle worker threads park now rather than spin for the next call (they spin a
-/// few hundred microseconds by default, so that back-to-back GEMMs pay no wake-up). For a caller
-/// whose next GEMM is far off — a ring member whose lap has moved on to the next device — so that
-/// several members on one machine do not take each other's cores. The next GEMM wakes them.
+/// Let the GEMM's idle worker threads park soon rather than spin for the next call (they spin a
+/// few hundred microseconds by default, so that back-to-back GEMMs pay no wake-up; after `rest`,
+/// 150 µs, yielding, to cover the hand-off of a lap to the next stage). For a caller whose next GEMM
+/// is far off — a ring member whose lap has moved on to the next device — so that several members
+/// on one machine do not take each other's cores. The next GEMM wakes them.
 pub fn rest() {
     pool::rest();
 }

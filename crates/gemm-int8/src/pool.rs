@@ -17,6 +17,18 @@ use std::time::{Duration, Instant};
 /// How long an idle worker spins for the next job before it parks.
 const SPIN: Duration = Duration::from_micros(300);
 
+/// How long an idle worker still spins after [`rest`] before it parks: the hand-off of a lap to the
+/// next stage (the step's last additions, encrypting the activation, `sendto`, the next stage's
+/// first reads), during which this core staying busy keeps that hand-off on one core. Linux wakes
+/// the next stage's thread on an idle core when there is one, and on the sender's core (about to
+/// sleep) when there is none; with this core parked at once, a hop moved the lap to the other core
+/// and woke it from a halt, and a stage's own data crossed between the cores from step to step.
+/// On a host that placed this guest's two vCPUs on different core complexes (a cache line between
+/// them 350-400 ns against 75-140 ns on one), that made the ring's three hops 0.31-0.37 ms a lap
+/// against 0.22-0.26 ms lingering 150 µs; on one complex the two were alike. The worker yields while
+/// it spins, so a thread that wants this core meanwhile — the next stage's worker — gets it.
+const REST_LINGER: Duration = Duration::from_micros(150);
+
 /// A job as the workers see it: a pointer to the caller's `&dyn Fn()` (on the caller's stack).
 type JobRef<'a> = &'a (dyn Fn(Side) + Sync);
 
@@ -33,7 +45,8 @@ pub(crate) struct Pool {
     /// A worker's job panicked (re-raised on the caller).
     panicked: AtomicBool,
     sleepers: AtomicUsize,
-    /// Set by [`rest`]: idle workers park now instead of spinning; cleared by the next job.
+    /// Set by [`rest`]: idle workers park after [`REST_LINGER`] instead of [`SPIN`]; cleared by the
+    /// next job.
     resting: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
@@ -199,7 +212,12 @@ impl Pool {
             if !spins.is_multiple_of(256) {
                 continue;
             }
-            if start.elapsed() < SPIN && !self.resting.load(Ordering::Relaxed) {
+            let spin = if self.resting.load(Ordering::Relaxed) {
+                REST_LINGER
+            } else {
+                SPIN
+            };
+            if start.elapsed() < spin {
                 std::thread::yield_now();
                 continue;
             }
@@ -323,8 +341,8 @@ impl Pool {
     }
 }
 
-/// Let the pool's idle workers park at once instead of spinning for the next job (which wakes them):
-/// for a caller that knows its next GEMM is far off. Does not start the pool.
+/// Let the pool's idle workers park after [`REST_LINGER`] instead of spinning [`SPIN`] for the next
+/// job (which wakes them): for a caller that knows its next GEMM is far off. Does not start the pool.
 pub(crate) fn rest() {
     if let Some(pool) = POOL.get() {
         pool.resting.store(true, Ordering::Relaxed);
