@@ -2,7 +2,8 @@
 //! model of `--model DIR`) int8 on a ring of three processes on loopback (`node demo --stages
 //! 10,10,10`, its layers in thirds, real WebRTC) against one process (`node run`) — decode tok/s and the ratio, the decode lap and the one-way hop latency
 //! p50/p99, and the prefill of a 512-token prompt with two chunks in flight around the ring against
-//! one at a time.
+//! one at a time. Each decode round is printed with the round trip of a cache line between the
+//! machine's first two CPUs measured before it, which tells where a hypervisor placed them.
 
 use std::path::Path;
 
@@ -146,7 +147,11 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
     let mut ratios = Vec::with_capacity(ROUNDS);
     let mut best: Option<Value> = None;
     let mut peaks: Peaks = Vec::new();
+    // The host's placement of this machine's first two CPUs, probed before each round (see
+    // `core_to_core_ns`): a reader can tell the rounds that ran across core complexes.
+    let mut crossings = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
+        crossings.extend(core_to_core_ns());
         let one = || -> anyhow::Result<(f64, f64)> {
             let j = run_int8(&root, model, &prompt, 129, "cached")?;
             let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
@@ -178,6 +183,15 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
             single_rss = single_rss.min(rss);
         }
         ratios.push(round_ring / (first.0 + last.0));
+        eprintln!(
+            "bench: ring round {}: ring ÷ single process {:.3}{}",
+            ratios.len(),
+            ratios[ratios.len() - 1],
+            crossings
+                .get(ratios.len() - 1)
+                .map(|ns| format!(", a cache line between CPUs before it {ns:.0} ns"))
+                .unwrap_or_default()
+        );
     }
     let best = best.context("no ring run")?;
     let sum: f64 = peaks.iter().map(|p| p.1).sum();
@@ -203,6 +217,14 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
             "peak_rss_stage-1_above_its_int8_weights",
             (stage1 - middle) / 1e6,
             "MB",
+        ));
+    }
+    if !crossings.is_empty() {
+        crossings.sort_by(f64::total_cmp);
+        figures.push(fig(
+            "core_to_core_round_trip_p50_before_rounds",
+            crossings[crossings.len() / 2],
+            "ns",
         ));
     }
     figures.push(fig("decode_cached_1_process", single, "tok/s"));
@@ -271,9 +293,115 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
     Ok(figures)
 }
 
+/// The round trip of one cache line between the first two CPUs this process may run on, in ns (the
+/// mean of 20,000), or `None` where it may run on one CPU only or cannot pin its threads. A
+/// hypervisor may place a guest's vCPUs on one core complex (a round trip of about 100 ns on a
+/// 2-vCPU Zen 5 guest) or on two (350-400 ns), minute by minute; a ring on one machine hands every
+/// lap between the cores, and its ratio to one process moves with that placement
+/// (`docs/performance.md`). The calling thread's affinity is restored before it returns.
+#[cfg(target_os = "linux")]
+fn core_to_core_ns() -> Option<f64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const TRIPS: u64 = 20_000;
+    // One line of its own.
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+
+    let saved = affinity::get()?;
+    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| affinity::has(&saved, c));
+    let (a, b) = (cpus.next()?, cpus.next()?);
+    let line = Line(AtomicU64::new(0));
+    let (pinned, took) = std::thread::scope(|s| {
+        // Spawned before this thread is pinned, so that it starts with every CPU: if pinning is
+        // refused, the trips still end (and the figure is dropped).
+        let other = s.spawn(|| {
+            let pinned = affinity::set(&affinity::only(b));
+            for i in 0..TRIPS {
+                while line.0.load(Ordering::Acquire) != 2 * i + 1 {
+                    std::hint::spin_loop();
+                }
+                line.0.store(2 * i + 2, Ordering::Release);
+            }
+            pinned
+        });
+        let here = affinity::set(&affinity::only(a));
+        let start = std::time::Instant::now();
+        for i in 0..TRIPS {
+            line.0.store(2 * i + 1, Ordering::Release);
+            while line.0.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+        let took = start.elapsed();
+        (here && other.join().unwrap_or(false), took)
+    });
+    // Back to every CPU it had, before any process is started from this thread again.
+    let _ = affinity::set(&saved);
+    pinned.then(|| took.as_secs_f64() * 1e9 / TRIPS as f64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn core_to_core_ns() -> Option<f64> {
+    None
+}
+
+/// The calling thread's CPU affinity.
+#[cfg(target_os = "linux")]
+mod affinity {
+    pub(super) fn get() -> Option<libc::cpu_set_t> {
+        // SAFETY: an all-zero cpu_set_t is a valid (empty) set; the kernel writes at most its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+                .then_some(set)
+        }
+    }
+
+    pub(super) fn has(set: &libc::cpu_set_t, cpu: usize) -> bool {
+        // SAFETY: CPU_ISSET reads bit `cpu` of the set; `cpu` < CPU_SETSIZE at every caller.
+        unsafe { libc::CPU_ISSET(cpu, set) }
+    }
+
+    pub(super) fn only(cpu: usize) -> libc::cpu_set_t {
+        // SAFETY: as in `get`; CPU_SET writes bit `cpu` < CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            set
+        }
+    }
+
+    /// Whether it took.
+    pub(super) fn set(set: &libc::cpu_set_t) -> bool {
+        // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes of a valid set.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_core_to_core_probe_times_a_round_trip_and_gives_the_thread_its_cpus_back() {
+        let before = affinity::get().expect("this thread's affinity");
+        let several = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| affinity::has(&before, c))
+            .count()
+            > 1;
+        let ns = core_to_core_ns();
+        assert_eq!(ns.is_some(), several, "{ns:?}");
+        if let Some(ns) = ns {
+            assert!(ns.is_finite() && ns > 0.0, "{ns}");
+        }
+        let after = affinity::get().expect("this thread's affinity");
+        assert!(
+            (0..libc::CPU_SETSIZE as usize)
+                .all(|c| affinity::has(&after, c) == affinity::has(&before, c))
+        );
+    }
 
     #[test]
     fn layers_go_in_thirds_the_larger_first() {
