@@ -301,6 +301,7 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
 /// (`docs/performance.md`). The calling thread's affinity is restored before it returns.
 #[cfg(target_os = "linux")]
 fn core_to_core_ns() -> Option<f64> {
+    use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     const TRIPS: u64 = 20_000;
@@ -310,15 +311,21 @@ fn core_to_core_ns() -> Option<f64> {
     #[repr(align(128))]
     struct Line(AtomicU64);
 
-    let saved = affinity::get()?;
-    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| affinity::has(&saved, c));
+    // Pid 0: the calling thread alone.
+    let this = nix::unistd::Pid::from_raw(0);
+    let pin = |cpu: usize| {
+        let mut one = CpuSet::new();
+        one.set(cpu).is_ok() && sched_setaffinity(this, &one).is_ok()
+    };
+    let saved = sched_getaffinity(this).ok()?;
+    let mut cpus = (0..CpuSet::count()).filter(|&c| saved.is_set(c).unwrap_or(false));
     let (a, b) = (cpus.next()?, cpus.next()?);
     let line = Line(AtomicU64::new(0));
     let (pinned, took) = std::thread::scope(|s| {
         // Spawned before this thread is pinned, so that it starts with every CPU: if pinning is
         // refused, the trips still end (and the figure is dropped).
         let other = s.spawn(|| {
-            let pinned = affinity::set(&affinity::only(b));
+            let pinned = pin(b);
             for i in 0.. {
                 let mut seen = line.0.load(Ordering::Acquire);
                 while seen != 2 * i + 1 && seen != STOP {
@@ -332,7 +339,7 @@ fn core_to_core_ns() -> Option<f64> {
             }
             pinned
         });
-        let here = affinity::set(&affinity::only(a));
+        let here = pin(a);
         let start = std::time::Instant::now();
         let mut trips = 0;
         // At most `LONGEST`: on a machine busy with other work a trip can wait for a time slice.
@@ -351,46 +358,13 @@ fn core_to_core_ns() -> Option<f64> {
         )
     });
     // Back to every CPU it had, before any process is started from this thread again.
-    let _ = affinity::set(&saved);
+    let _ = sched_setaffinity(this, &saved);
     pinned.then_some(took * 1e9)
 }
 
 #[cfg(not(target_os = "linux"))]
 fn core_to_core_ns() -> Option<f64> {
     None
-}
-
-/// The calling thread's CPU affinity.
-#[cfg(target_os = "linux")]
-mod affinity {
-    pub(super) fn get() -> Option<libc::cpu_set_t> {
-        // SAFETY: an all-zero cpu_set_t is a valid (empty) set; the kernel writes at most its size.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
-                .then_some(set)
-        }
-    }
-
-    pub(super) fn has(set: &libc::cpu_set_t, cpu: usize) -> bool {
-        // SAFETY: CPU_ISSET reads bit `cpu` of the set; `cpu` < CPU_SETSIZE at every caller.
-        unsafe { libc::CPU_ISSET(cpu, set) }
-    }
-
-    pub(super) fn only(cpu: usize) -> libc::cpu_set_t {
-        // SAFETY: as in `get`; CPU_SET writes bit `cpu` < CPU_SETSIZE.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            set
-        }
-    }
-
-    /// Whether it took.
-    pub(super) fn set(set: &libc::cpu_set_t) -> bool {
-        // SAFETY: the kernel reads `size_of::<cpu_set_t>()` bytes of a valid set.
-        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) == 0 }
-    }
 }
 
 #[cfg(test)]
@@ -400,21 +374,21 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn the_core_to_core_probe_times_a_round_trip_and_gives_the_thread_its_cpus_back() {
-        let before = affinity::get().expect("this thread's affinity");
-        let several = (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| affinity::has(&before, c))
-            .count()
-            > 1;
+        use nix::sched::{CpuSet, sched_getaffinity};
+        let this = nix::unistd::Pid::from_raw(0);
+        let cpus = || {
+            let set = sched_getaffinity(this).expect("this thread's affinity");
+            (0..CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .collect::<Vec<_>>()
+        };
+        let before = cpus();
         let ns = core_to_core_ns();
-        assert_eq!(ns.is_some(), several, "{ns:?}");
+        assert_eq!(ns.is_some(), before.len() > 1, "{ns:?}");
         if let Some(ns) = ns {
             assert!(ns.is_finite() && ns > 0.0, "{ns}");
         }
-        let after = affinity::get().expect("this thread's affinity");
-        assert!(
-            (0..libc::CPU_SETSIZE as usize)
-                .all(|c| affinity::has(&after, c) == affinity::has(&before, c))
-        );
+        assert_eq!(cpus(), before);
     }
 
     #[test]

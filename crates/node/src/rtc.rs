@@ -933,13 +933,13 @@ pub(crate) const RECV_SOCKET_BUFFER: usize = 4 << 20;
 const MAX_RECEIVE_WINDOW: usize = 1 << 20;
 
 /// Widen `socket`'s receive buffer to `asked` bytes as far as the system allows, and return the
-/// SCTP receive window to advertise on it: no more than the buffer holds. The kernel drops a datagram that finds the
-/// buffer full, and SCTP resends it only after its retransmission timeout (a second at least), so
-/// a window larger than the buffer turns every burst a busy receiver cannot read at once into
-/// seconds of nothing: a 1.1 B model's prefill chunks (128 KiB) took 1.7 s each around a loopback
-/// ring with the core's 1 MiB window and a 208 KiB buffer. The kernel charges a datagram up to twice
-/// its bytes (a 8.3 KB one, 16.6 KB), so the window is a third of the buffer, and never below one
-/// whole frame (which SCTP must be able to hold to deliver it).
+/// SCTP receive window to advertise on it: no more than the buffer holds. The kernel drops a
+/// datagram that finds the buffer full, and SCTP resends it only after its retransmission timeout
+/// (a second at least), so a window larger than the buffer turns every burst a busy receiver
+/// cannot read at once into seconds of nothing: a 1.1 B model's prefill chunks (128 KiB) took 1.7 s
+/// each around a loopback ring with the core's 1 MiB window and a 208 KiB buffer. The kernel
+/// charges a datagram up to twice its bytes (an 8.3 KB one, 16.6 KB), so the window is a third of
+/// the buffer, and never below one whole frame (which SCTP must be able to hold to deliver it).
 fn receive_window(socket: &UdpSocket, asked: usize) -> u32 {
     let socket = socket2::SockRef::from(socket);
     // Best effort: a smaller buffer only means a smaller window.
