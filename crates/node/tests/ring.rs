@@ -627,6 +627,35 @@ fn slow_steps_keep_their_link_alive() {
 }
 
 #[test]
+fn a_link_to_the_head_offered_again_replaces_the_attempt_the_member_gave_up() {
+    // A member whose side of a handshake timed out while the head's side opened offers the link
+    // again. The head must take the new attempt (the old one is closed on the member's side), not
+    // refuse it and leave the ring waiting for a member that waits for an answer.
+    let (prompt, generate) = (
+        RING_PROMPT,
+        ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"],
+    );
+    let (llama, mut live) = llama_ring(&generate);
+    // Whichever member the plan puts last offers the link to the head.
+    let hook = [("DAISY_TEST_ABANDON_LINK_TO_HEAD", "1")];
+    live.join("member-0", None, &[], &hook);
+    live.join("member-1", None, &[], &hook);
+    let run = live.finish();
+    assert!(run.head_ok, "{}", run.head_err);
+    let gave_up: Vec<_> = run
+        .members_err
+        .iter()
+        .filter(|e| e.contains("given up on purpose (a test hook); offering it again"))
+        .collect();
+    assert_eq!(gave_up.len(), 1, "the hook did not run once: {:?}", run.members_err);
+    let report = run.report();
+    assert_eq!(report["replays"], 0, "{}", run.head_err);
+    // Three stages, as in one process of the same split: no member was dropped for it.
+    let oracle = one_process(&llama, "1,1,1", prompt, &generate);
+    assert_eq!(ids_and_hops(&report), ids_and_hops(&oracle));
+}
+
+#[test]
 fn a_member_without_the_secret_is_refused_at_signaling() {
     let gpt2 = root().join("fixtures/tiny/gpt2");
     let wrong = "00000000000000000000000000000000";

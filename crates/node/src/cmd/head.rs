@@ -34,7 +34,7 @@ use daisy_wire::{
 };
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
@@ -110,12 +110,20 @@ pub(crate) struct Args {
     pub(crate) kv_reuse: Switch,
 }
 
-/// Longest wait for a member's Hello or probe result.
-/// Where a link a member offers the head is handed over once open, whichever attempt opens it.
-type Incoming = Arc<std::sync::Mutex<Option<oneshot::Sender<Result<Link>>>>>;
+/// A link the head expects a member to offer. A member offers it again only after giving up its
+/// side of the last attempt (which may have opened on the head's side all the same), so the link
+/// the ring gets is the latest attempt's, once open.
+#[derive(Default)]
+struct Incoming {
+    /// Offers received for the link so far.
+    attempts: AtomicU64,
+    /// The latest attempt's link, once it opened.
+    opened: watch::Sender<Option<Arc<Link>>>,
+}
 
 /// Tries at opening a ring or control link the head offers (as a member does for its own).
 const LINK_ATTEMPTS: u32 = 3;
+/// Longest wait for a member's Hello or probe result.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the members to load their layers.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -186,7 +194,7 @@ struct Shared {
     /// Offers the head made, waiting for their answer.
     answers: Mutex<HashMap<u64, oneshot::Sender<String>>>,
     /// Links the head expects a member to offer, and where to hand them once open.
-    incoming: Mutex<HashMap<u64, Incoming>>,
+    incoming: Mutex<HashMap<u64, Arc<Incoming>>>,
     next_link: AtomicU64,
     /// Members admitted by signaling whose control link is not open yet.
     opening: AtomicU64,
@@ -290,9 +298,9 @@ impl Shared {
                 role: Role::Ring,
                 sdp,
             } if peer == HEAD => {
-                // Every attempt the member makes at this link answers into the same slot; the
-                // first to open fills it.
-                let Some(done) = self
+                // Every attempt the member makes at this link answers into the same slot; a new
+                // one replaces the last, which the member gave up.
+                let Some(slot) = self
                     .incoming
                     .lock()
                     .expect("incoming lock")
@@ -301,6 +309,13 @@ impl Shared {
                 else {
                     bail!("member {from} offered link {link}, which the head did not ask for");
                 };
+                let attempt = slot.attempts.fetch_add(1, Ordering::AcqRel) + 1;
+                if slot.opened.send_replace(None).is_some() {
+                    eprintln!(
+                        "head: member {from} offered link {link} again; the link its last offer \
+                         opened is closed"
+                    );
+                }
                 let (pending, answer) = rtc::answer(&self.cfg, &sdp).await?;
                 self.signal(
                     from,
@@ -311,13 +326,13 @@ impl Shared {
                     },
                 )
                 .await?;
-                let (shared, from) = (self.clone(), from.to_string());
+                let from = from.to_string();
                 tokio::spawn(async move {
                     match pending.connected().await {
                         Ok(l) => {
-                            shared.incoming.lock().expect("incoming lock").remove(&link);
-                            if let Some(done) = done.lock().expect("slot lock").take() {
-                                let _ = done.send(Ok(l));
+                            // An attempt the member has offered again since is dropped (closed).
+                            if slot.attempts.load(Ordering::Acquire) == attempt {
+                                slot.opened.send_replace(Some(Arc::new(l)));
                             }
                         }
                         // The member offers again (or gives up and reports it).
@@ -1062,12 +1077,12 @@ impl Ring<'_> {
             let down =
                 tokio::spawn(async move { shared.offer_to(&first, Role::Ring, to_first).await });
             let link = ids[n];
-            let (tx, rx) = oneshot::channel();
+            let slot = Arc::new(Incoming::default());
             self.shared
                 .incoming
                 .lock()
                 .expect("incoming lock")
-                .insert(link, Arc::new(std::sync::Mutex::new(Some(tx))));
+                .insert(link, slot.clone());
             let last = &self.members[self.members.len() - 1].device;
             let connect = Signal::Connect {
                 link,
@@ -1086,7 +1101,7 @@ impl Ring<'_> {
                     return Err(Failure::member(&self.members[i].device, format!("{e:#}")));
                 }
             }
-            (Some(down), Some(rx))
+            (Some(down), Some((link, slot)))
         };
 
         // The head's own layers load while the members fetch theirs.
@@ -1179,7 +1194,7 @@ impl Ring<'_> {
         // Stale news of members no longer in the ring is not for the laps to come.
         while self.back.try_recv().is_ok() {}
 
-        if let (Some(down), Some(up)) = (down, up) {
+        if let (Some(down), Some((up_id, slot))) = (down, up) {
             let first = self.members[0].device.clone();
             let last = self.members[self.members.len() - 1].device.clone();
             let down = Arc::new(
@@ -1187,12 +1202,23 @@ impl Ring<'_> {
                     .map_err(|e| anyhow!("{e}"))?
                     .map_err(|e| Failure::member(&first, format!("the link to it: {e:#}")))?,
             );
-            let up = tokio::time::timeout(Duration::from_secs(30), up)
-                .await
-                .map_err(|_| Failure::member(&last, "it did not connect back within 30 s"))?
-                .map_err(|_| Failure::member(&last, "its link to the head was dropped"))?
-                .map_err(|e| Failure::member(&last, format!("its link to the head: {e:#}")))?;
-            let up = Arc::new(up);
+            // Ready, the last member has its side of its latest attempt open; the head's side
+            // opens with it.
+            let mut opened = slot.opened.subscribe();
+            let up =
+                tokio::time::timeout(Duration::from_secs(30), opened.wait_for(Option::is_some))
+                    .await
+                    .map_err(|_| Failure::member(&last, "it did not connect back within 30 s"))?
+                    .map_err(|_| Failure::member(&last, "its link to the head was dropped"))?
+                    .clone()
+                    .expect("waited for an open link");
+            // Offers of this link from now on are refused: the ring has it.
+            self.shared
+                .incoming
+                .lock()
+                .expect("incoming lock")
+                .remove(&up_id);
+            slot.opened.send_replace(None);
             let to_ring = {
                 let back = self.back_tx.clone();
                 rtc::Outbox::new(down.clone(), move |e| {

@@ -21,6 +21,7 @@ use daisy_wire::{
     Assignment, DeviceId, ErrorReport, Fingerprint, GemmRate, Hello, HopRecord, Message,
     PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, StageTimes, Text, TurnStart,
 };
+use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
@@ -284,20 +285,18 @@ async fn member(
                         };
                         tokio::spawn(async move {
                             match offering.accept(&sdp).await {
+                                #[cfg(feature = "test-hooks")]
+                                Ok(_)
+                                    if attempt == 1
+                                        && crate::test_hooks::abandon_link_to(&peer) =>
+                                {
+                                    let e = anyhow!("given up on purpose (a test hook)");
+                                    offer.failed(link, peer, attempt, e).await;
+                                }
                                 Ok(l) => {
                                     let _ = offer.ring.send((link, Ok(l))).await;
                                 }
-                                Err(e) if attempt < LINK_ATTEMPTS => {
-                                    eprintln!("join: link {link}: {e:#}; offering it again");
-                                    offer.send(link, peer, attempt + 1).await;
-                                }
-                                Err(e) => {
-                                    let why = format!(
-                                        "link {link} to {peer} did not open in {attempt} \
-                                         attempts: {e:#}"
-                                    );
-                                    let _ = offer.ring.send((link, Err(why))).await;
-                                }
+                                Err(e) => offer.failed(link, peer, attempt, e).await,
                             }
                         });
                     }
@@ -365,7 +364,11 @@ const LINK_ATTEMPTS: u32 = 3;
 /// The links this device offered and awaits an answer for: the offer, the peer, which attempt.
 type Offered = Arc<std::sync::Mutex<HashMap<u64, (PendingOffer, String, u32)>>>;
 
+/// Longest wait for the answer to an offer (the head waits as long for a member's).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// What offering one ring link needs: a fresh offer each attempt, sent through the head.
+#[derive(Clone)]
 struct OfferLink {
     cfg: LinkConfig,
     pending: Offered,
@@ -374,25 +377,58 @@ struct OfferLink {
 }
 
 impl OfferLink {
-    async fn send(&self, link: u64, peer: String, attempt: u32) {
-        match rtc::offer(&self.cfg).await {
-            Ok((offering, sdp)) => {
-                self.pending
-                    .lock()
-                    .expect("offers lock")
-                    .insert(link, (offering, peer.clone(), attempt));
-                let offer = Signal::Offer {
-                    link,
-                    peer,
-                    role: Role::Ring,
-                    sdp,
-                };
-                let _ = self.ws.send(offer).await;
+    /// Offer `link` to `peer` (attempt `attempt`), and give the attempt up if no answer comes
+    /// within [`ANSWER_TIMEOUT`]. (Boxed: a late answer offers again, through this.)
+    fn send(&self, link: u64, peer: String, attempt: u32) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            match rtc::offer(&self.cfg).await {
+                Ok((offering, sdp)) => {
+                    self.pending
+                        .lock()
+                        .expect("offers lock")
+                        .insert(link, (offering, peer.clone(), attempt));
+                    let offer = Signal::Offer {
+                        link,
+                        peer,
+                        role: Role::Ring,
+                        sdp,
+                    };
+                    let _ = self.ws.send(offer).await;
+                    let waiting = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(ANSWER_TIMEOUT).await;
+                        let expired = {
+                            let mut pending = waiting.pending.lock().expect("offers lock");
+                            match pending.get(&link) {
+                                Some((_, _, a)) if *a == attempt => pending.remove(&link),
+                                _ => None,
+                            }
+                        };
+                        if let Some((_, peer, _)) = expired {
+                            let e = anyhow!(
+                                "no answer to the offer within {} s",
+                                ANSWER_TIMEOUT.as_secs()
+                            );
+                            waiting.failed(link, peer, attempt, e).await;
+                        }
+                    });
+                }
+                Err(e) => {
+                    let why = format!("offering link {link} to {peer}: {e:#}");
+                    let _ = self.ring.send((link, Err(why))).await;
+                }
             }
-            Err(e) => {
-                let why = format!("offering link {link} to {peer}: {e:#}");
-                let _ = self.ring.send((link, Err(why))).await;
-            }
+        })
+    }
+
+    /// Attempt `attempt` at `link` failed: offer it again, or after [`LINK_ATTEMPTS`] say why.
+    async fn failed(&self, link: u64, peer: String, attempt: u32, e: anyhow::Error) {
+        if attempt < LINK_ATTEMPTS {
+            eprintln!("join: link {link}: {e:#}; offering it again");
+            self.send(link, peer, attempt + 1).await;
+        } else {
+            let why = format!("link {link} to {peer} did not open in {attempt} attempts: {e:#}");
+            let _ = self.ring.send((link, Err(why))).await;
         }
     }
 }
