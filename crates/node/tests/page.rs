@@ -22,6 +22,11 @@ const QUESTIONS: [&str; 2] = [
 ];
 const MAX_TOKENS: usize = 48;
 
+/// One browser test at a time: two rings and two Chromiums on a 2-core machine starve each other's
+/// renderers, and a page starved through a whole answer reads it in one piece (the streaming check
+/// then sees a single update: it failed so once with both tests running at once).
+static ONE_BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// `node` with playwright-core reachable, and a Chromium.
 fn browser() -> Option<(PathBuf, String)> {
     let modules = std::env::var_os("DAISY_NODE_MODULES")
@@ -91,6 +96,7 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
     {
         return;
     }
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let mut head = Served::start(&smollm2(), &["--stages", "10,10,10"], &[]);
     head.join("member-0");
     head.join("member-1");
@@ -178,6 +184,7 @@ fn the_page_gives_the_head_its_token_which_stays_in_the_heads_memory() {
     {
         return;
     }
+    let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let (head_token, token_0, token_1) = (
         "hf_pageGivenHeadToken7",

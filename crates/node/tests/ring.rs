@@ -647,7 +647,12 @@ fn a_link_to_the_head_offered_again_replaces_the_attempt_the_member_gave_up() {
         .iter()
         .filter(|e| e.contains("given up on purpose (a test hook); offering it again"))
         .collect();
-    assert_eq!(gave_up.len(), 1, "the hook did not run once: {:?}", run.members_err);
+    assert_eq!(
+        gave_up.len(),
+        1,
+        "the hook did not run once: {:?}",
+        run.members_err
+    );
     let report = run.report();
     assert_eq!(report["replays"], 0, "{}", run.head_err);
     // Three stages, as in one process of the same split: no member was dropped for it.
