@@ -13,9 +13,10 @@
 //!   handler runs) once that share of its layers' bytes is fetched — a crash mid-download.
 //! - `DAISY_TEST_SLOW_STEPS=MS`: a member's first two steps each take MS milliseconds longer (a
 //!   GPU that compiles its shaders on first use), so the link they came on must go on answering.
-//! - `DAISY_TEST_ABANDON_LINK_TO_HEAD=1`: a member gives up the first attempt at the ring link it
-//!   offers the head as soon as its side opens, and offers it again: what a member whose side of
-//!   the handshake timed out does while the head's side opened all the same.
+//! - `DAISY_TEST_ABANDON_LINK=1`: a member gives up the first attempt at each ring link it offers
+//!   as soon as its side opens, and offers it again (at once to the head, three seconds later to a
+//!   member, which is reading the old one by then): what a member whose side of the handshake
+//!   timed out does while the peer's side opened all the same.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -242,15 +243,17 @@ pub(crate) fn slow_step() {
     }
 }
 
-/// Whether this member gives up its first attempt at a ring link to `peer`
-/// (`DAISY_TEST_ABANDON_LINK_TO_HEAD`, for the head only).
-pub(crate) fn abandon_link_to(peer: &str) -> bool {
-    let on =
-        peer == daisy_signal::HEAD && std::env::var_os("DAISY_TEST_ABANDON_LINK_TO_HEAD").is_some();
-    if on {
-        eprintln!(
-            "join: DAISY_TEST_ABANDON_LINK_TO_HEAD is set: the first attempt at the link to the head is given up on purpose"
-        );
-    }
-    on
+/// Whether this member gives up its first attempt at the ring link it offers `peer`
+/// (`DAISY_TEST_ABANDON_LINK`), and how long it then waits before offering it again: at once to
+/// the head; three seconds to a member, which by then reads the attempt given up.
+pub(crate) fn abandon_link(peer: &str) -> Option<std::time::Duration> {
+    std::env::var_os("DAISY_TEST_ABANDON_LINK")?;
+    eprintln!(
+        "join: DAISY_TEST_ABANDON_LINK is set: a first attempt at a link is given up on purpose"
+    );
+    Some(if peer == daisy_signal::HEAD {
+        std::time::Duration::ZERO
+    } else {
+        std::time::Duration::from_secs(3)
+    })
 }

@@ -627,30 +627,39 @@ fn slow_steps_keep_their_link_alive() {
 }
 
 #[test]
-fn a_link_to_the_head_offered_again_replaces_the_attempt_the_member_gave_up() {
-    // A member whose side of a handshake timed out while the head's side opened offers the link
-    // again. The head must take the new attempt (the old one is closed on the member's side), not
-    // refuse it and leave the ring waiting for a member that waits for an answer.
+fn a_link_offered_again_replaces_the_attempt_its_offerer_gave_up() {
+    // A member whose side of a handshake timed out while the peer's side opened offers the link
+    // again. The peer must take the new attempt (the old one is closed on the offerer's side):
+    // the head, which awaits the link back from the last member, must not refuse it as one it did
+    // not ask for (the ring then waited for a member waiting for an answer); a member already
+    // reading the old one (the offerer waits a few seconds before it offers again) must read the
+    // new one, or the first lap is lost on a link no one sends on.
     let (prompt, generate) = (
         RING_PROMPT,
         ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"],
     );
     let (llama, mut live) = llama_ring(&generate);
-    // Whichever member the plan puts last offers the link to the head.
-    let hook = [("DAISY_TEST_ABANDON_LINK_TO_HEAD", "1")];
+    // One member offers the link to the other, the last offers the one to the head.
+    let hook = [("DAISY_TEST_ABANDON_LINK", "1")];
     live.join("member-0", None, &[], &hook);
     live.join("member-1", None, &[], &hook);
     let run = live.finish();
     assert!(run.head_ok, "{}", run.head_err);
-    let gave_up: Vec<_> = run
-        .members_err
-        .iter()
-        .filter(|e| e.contains("given up on purpose (a test hook); offering it again"))
-        .collect();
-    assert_eq!(
-        gave_up.len(),
-        1,
-        "the hook did not run once: {:?}",
+    for err in &run.members_err {
+        assert_eq!(
+            err.matches("given up on purpose (a test hook); offering it again")
+                .count(),
+            1,
+            "the hook did not run once in each member: {:?}",
+            run.members_err
+        );
+    }
+    assert!(
+        run.members_err
+            .iter()
+            .any(|e| e
+                .contains("from the previous stage was offered again; the new one replaces it")),
+        "the member-to-member link was not replaced while read: {:?}",
         run.members_err
     );
     let report = run.report();

@@ -286,10 +286,13 @@ async fn member(
                         tokio::spawn(async move {
                             match offering.accept(&sdp).await {
                                 #[cfg(feature = "test-hooks")]
-                                Ok(_)
-                                    if attempt == 1
-                                        && crate::test_hooks::abandon_link_to(&peer) =>
+                                Ok(l)
+                                    if let Some(wait) = (attempt == 1)
+                                        .then(|| crate::test_hooks::abandon_link(&peer))
+                                        .flatten() =>
                                 {
+                                    drop(l);
+                                    tokio::time::sleep(wait).await;
                                     let e = anyhow!("given up on purpose (a test hook)");
                                     offer.failed(link, peer, attempt, e).await;
                                 }
@@ -442,21 +445,33 @@ fn truncate(s: &str, n: usize) -> String {
 struct Epoch {
     input: std::sync::mpsc::Sender<Input>,
     worker: std::thread::JoinHandle<()>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    links: Vec<Arc<Link>>,
+    /// The link from the previous stage, with its signaling id, and what it feeds.
+    up: (u64, Arc<Link>),
+    feed: Feed,
+    down: Arc<Link>,
 }
 
 impl Epoch {
     async fn stop(self) {
         drop(self.input);
-        for t in &self.tasks {
-            t.abort();
-        }
-        for l in &self.links {
-            l.close().await;
-        }
+        drop(self.feed);
+        self.up.1.close().await;
+        self.down.close().await;
         let worker = self.worker;
         let _ = tokio::task::spawn_blocking(move || worker.join()).await;
+    }
+
+    /// The previous stage offered the link from it again: it gave up its side of the one this
+    /// epoch reads (which may have opened here all the same), so the new one feeds the stage.
+    async fn replace_up(&mut self, link: Link) {
+        let link = Arc::new(link);
+        self.feed.attach(&link);
+        let old = std::mem::replace(&mut self.up.1, link);
+        eprintln!(
+            "join: link {} from the previous stage was offered again; the new one replaces it",
+            self.up.0
+        );
+        old.close().await;
     }
 }
 
@@ -479,7 +494,7 @@ fn start_epoch(
     plan: daisy_wire::Plan,
     index: usize,
     stage: Arc<Stage>,
-    up: Link,
+    (up_id, up): (u64, Link),
     down: Link,
     hops: mpsc::Sender<HopRecord>,
     fail: mpsc::Sender<Failed>,
@@ -510,15 +525,47 @@ fn start_epoch(
             let (runner, pending) = (runner.clone(), pending.clone());
             move || compute(runner, pending, input_rx)
         })?;
-    {
-        // A decode-sized activation runs on the link's thread the moment it is whole, when nothing
-        // is queued before it and the last step was quick (`INLINE_MAX_STEP`): handing it to the
-        // compute thread cost a thread wake-up, about 50 µs a hop on this kind of host (the
-        // compute thread sleeps on a halted virtual CPU). A larger one (a prefill chunk), the
-        // first, and any after a slow step go to the compute thread, so the link keeps reading
-        // and answering while it runs. A closed link ends quietly (the head notices the lap that
-        // does not come back); a refused frame ends the member with the refusal.
-        let input_tx = input_tx.clone();
+    let feed = Feed {
+        epoch,
+        runner,
+        pending,
+        input: input_tx.clone(),
+        fail,
+    };
+    feed.attach(&up);
+    Ok(Epoch {
+        input: input_tx,
+        worker,
+        up: (up_id, up),
+        feed,
+        down,
+    })
+}
+
+/// What the link from the previous stage feeds: the stage's runner, directly or through the
+/// compute thread.
+struct Feed {
+    epoch: u64,
+    runner: Arc<std::sync::Mutex<Runner>>,
+    /// Activations the link's thread queued for the compute thread and it has not run yet.
+    pending: Arc<AtomicUsize>,
+    input: std::sync::mpsc::Sender<Input>,
+    fail: mpsc::Sender<Failed>,
+}
+
+impl Feed {
+    /// Deliver what `up` receives to the stage.
+    ///
+    /// A decode-sized activation runs on the link's thread the moment it is whole, when nothing
+    /// is queued before it and the last step was quick (`INLINE_MAX_STEP`): handing it to the
+    /// compute thread cost a thread wake-up, about 50 µs a hop on this kind of host (the compute
+    /// thread sleeps on a halted virtual CPU). A larger one (a prefill chunk), the first, and any
+    /// after a slow step go to the compute thread, so the link keeps reading and answering while
+    /// it runs. A closed link ends quietly (the head notices the lap that does not come back); a
+    /// refused frame ends the member with the refusal.
+    fn attach(&self, up: &Link) {
+        let (runner, pending) = (self.runner.clone(), self.pending.clone());
+        let (input, fail, epoch) = (self.input.clone(), self.fail.clone(), self.epoch);
         // The GEMM workers, parked since the last step, get up while the activation is decrypted.
         up.on_arrival(daisy_gemm_int8::wake);
         up.forward(move |msg| match msg {
@@ -532,7 +579,7 @@ fn start_epoch(
                     return;
                 }
                 pending.fetch_add(1, Ordering::AcqRel);
-                if input_tx.send(Input::Activation(bytes)).is_err() {
+                if input.send(Input::Activation(bytes)).is_err() {
                     pending.fetch_sub(1, Ordering::AcqRel);
                 }
             }
@@ -542,12 +589,6 @@ fn start_epoch(
             }
         });
     }
-    Ok(Epoch {
-        input: input_tx,
-        worker,
-        tasks: Vec::new(),
-        links: vec![up, down],
-    })
 }
 
 /// Where this member's layers come from.
@@ -715,9 +756,13 @@ async fn serve_ring(
                 Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
             Some((id, link)) = links.recv() => match link {
-                Ok(link) => {
-                    arrived.insert(id, link);
-                }
+                Ok(link) => match current.as_mut() {
+                    Some(e) if e.up.0 == id => e.replace_up(link).await,
+                    // A later attempt replaces an earlier one that opened here too.
+                    _ => {
+                        arrived.insert(id, link);
+                    }
+                },
                 // This plan's link could not be opened: the head hears why and plans around it.
                 Err(why) if expect.is_none_or(|ids| ids.up == id || ids.down == id) => {
                     break Err(anyhow!(why));
@@ -749,7 +794,7 @@ async fn serve_ring(
                 plan,
                 index,
                 stage,
-                up,
+                (ids.up, up),
                 down,
                 hop_tx.clone(),
                 fail_tx.clone(),
