@@ -187,7 +187,7 @@ async fn member(
     let (control_tx, control_rx) = oneshot::channel::<Link>();
     // Ring links, both directions, with their signaling ids (the head says which are whose); a link
     // this device offered and could not open in LINK_ATTEMPTS tries comes as its error.
-    let (ring_tx, mut ring_rx) = mpsc::channel::<(u64, Result<Link, String>)>(4);
+    let (ring_tx, mut ring_rx) = mpsc::channel::<RingLink>(4);
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
         while let Some(s) = ws_rx.recv().await {
@@ -233,6 +233,7 @@ async fn member(
                                 continue;
                             }
                         };
+                        let from = peer.clone();
                         let _ = ws_tx
                             .send(Signal::Answer {
                                 link,
@@ -252,7 +253,7 @@ async fn member(
                                         let _ = tx.send(l);
                                     }
                                     None => {
-                                        let _ = ring.send((link, Ok(l))).await;
+                                        let _ = ring.send((link, from, Ok(l))).await;
                                     }
                                 },
                                 // The offerer tries again (or gives up and says so).
@@ -297,7 +298,7 @@ async fn member(
                                     offer.failed(link, peer, attempt, e).await;
                                 }
                                 Ok(l) => {
-                                    let _ = offer.ring.send((link, Ok(l))).await;
+                                    let _ = offer.ring.send((link, peer, Ok(l))).await;
                                 }
                                 Err(e) => offer.failed(link, peer, attempt, e).await,
                             }
@@ -364,6 +365,10 @@ const REPORT_GRACE: Duration = Duration::from_secs(3);
 /// handshake packet can fail one attempt; a network that loses one packet in fifty stays usable).
 const LINK_ATTEMPTS: u32 = 3;
 
+/// A ring link by its signaling id, with the device at its other end: the link, or why it did not
+/// open.
+type RingLink = (u64, String, Result<Link, String>);
+
 /// The links this device offered and awaits an answer for: the offer, the peer, which attempt.
 type Offered = Arc<std::sync::Mutex<HashMap<u64, (PendingOffer, String, u32)>>>;
 
@@ -376,7 +381,7 @@ struct OfferLink {
     cfg: LinkConfig,
     pending: Offered,
     ws: mpsc::Sender<Signal>,
-    ring: mpsc::Sender<(u64, Result<Link, String>)>,
+    ring: mpsc::Sender<RingLink>,
 }
 
 impl OfferLink {
@@ -418,7 +423,7 @@ impl OfferLink {
                 }
                 Err(e) => {
                     let why = format!("offering link {link} to {peer}: {e:#}");
-                    let _ = self.ring.send((link, Err(why))).await;
+                    let _ = self.ring.send((link, peer, Err(why))).await;
                 }
             }
         })
@@ -431,7 +436,7 @@ impl OfferLink {
             self.send(link, peer, attempt + 1).await;
         } else {
             let why = format!("link {link} to {peer} did not open in {attempt} attempts: {e:#}");
-            let _ = self.ring.send((link, Err(why))).await;
+            let _ = self.ring.send((link, peer, Err(why))).await;
         }
     }
 }
@@ -445,8 +450,11 @@ fn truncate(s: &str, n: usize) -> String {
 struct Epoch {
     input: std::sync::mpsc::Sender<Input>,
     worker: std::thread::JoinHandle<()>,
-    /// The link from the previous stage, with its signaling id, and what it feeds.
-    up: (u64, Arc<Link>),
+    /// The link from the previous stage, its signaling id, the device that offered it, and what it
+    /// feeds.
+    up: Arc<Link>,
+    up_id: u64,
+    up_from: String,
     feed: Feed,
     down: Arc<Link>,
 }
@@ -455,7 +463,7 @@ impl Epoch {
     async fn stop(self) {
         drop(self.input);
         drop(self.feed);
-        self.up.1.close().await;
+        self.up.close().await;
         self.down.close().await;
         let worker = self.worker;
         let _ = tokio::task::spawn_blocking(move || worker.join()).await;
@@ -466,10 +474,10 @@ impl Epoch {
     async fn replace_up(&mut self, link: Link) {
         let link = Arc::new(link);
         self.feed.attach(&link);
-        let old = std::mem::replace(&mut self.up.1, link);
+        let old = std::mem::replace(&mut self.up, link);
         eprintln!(
             "join: link {} from the previous stage was offered again; the new one replaces it",
-            self.up.0
+            self.up_id
         );
         old.close().await;
     }
@@ -494,7 +502,7 @@ fn start_epoch(
     plan: daisy_wire::Plan,
     index: usize,
     stage: Arc<Stage>,
-    (up_id, up): (u64, Link),
+    (up_id, up_from, up): (u64, String, Link),
     down: Link,
     hops: mpsc::Sender<HopRecord>,
     fail: mpsc::Sender<Failed>,
@@ -536,7 +544,9 @@ fn start_epoch(
     Ok(Epoch {
         input: input_tx,
         worker,
-        up: (up_id, up),
+        up,
+        up_id,
+        up_from,
         feed,
         down,
     })
@@ -655,7 +665,7 @@ async fn serve_ring(
     control: &Arc<Link>,
     backend: &Arc<dyn daisy_gemm_int8::Backend>,
     source: &Source<'_>,
-    links: &mut mpsc::Receiver<(u64, Result<Link, String>)>,
+    links: &mut mpsc::Receiver<RingLink>,
 ) -> Result<()> {
     let me = DeviceId::parse(source.device)?;
     let mut placement: Option<Placement> = None;
@@ -665,7 +675,8 @@ async fn serve_ring(
     // Assigned and loaded, waiting for its links: the plan, the stage index, the stage.
     let mut pending: Option<(daisy_wire::Plan, usize, Arc<Stage>, Fingerprint)> = None;
     let mut expect: Option<daisy_wire::LinkIds> = None;
-    let mut arrived: HashMap<u64, Link> = HashMap::new();
+    // Open links by id, with the device at the other end.
+    let mut arrived: HashMap<u64, (String, Link)> = HashMap::new();
     let (hop_tx, mut hop_rx) = mpsc::channel::<HopRecord>(16);
     let times = StepTimes::default();
     let (fail_tx, mut fail_rx) = mpsc::channel::<Failed>(4);
@@ -755,12 +766,17 @@ async fn serve_ring(
                 }
                 Ok(Some(other)) => eprintln!("join: ignored {}", other.kind()),
             },
-            Some((id, link)) = links.recv() => match link {
+            Some((id, from, link)) = links.recv() => match link {
                 Ok(link) => match current.as_mut() {
-                    Some(e) if e.up.0 == id => e.replace_up(link).await,
+                    // Only the device at the other end of the link in use may replace it.
+                    Some(e) if e.up_id == id && e.up_from == from => e.replace_up(link).await,
+                    Some(e) if e.up_id == id => eprintln!(
+                        "join: {from} offered link {id}, which {} opened; refused",
+                        e.up_from
+                    ),
                     // A later attempt replaces an earlier one that opened here too.
                     _ => {
-                        arrived.insert(id, link);
+                        arrived.insert(id, (from, link));
                     }
                 },
                 // This plan's link could not be opened: the head hears why and plans around it.
@@ -785,7 +801,7 @@ async fn serve_ring(
         if let (Some(ids), Some(_)) = (both, pending.as_ref()) {
             let (plan, index, stage, fingerprint) = pending.take().expect("checked");
             let up = arrived.remove(&ids.up).expect("checked");
-            let down = arrived.remove(&ids.down).expect("checked");
+            let (_, down) = arrived.remove(&ids.down).expect("checked");
             expect = None;
             control::send(control, &Message::Ready(Ready { fingerprint })).await?;
             eprintln!("join: ready; waiting for activations");
@@ -794,7 +810,7 @@ async fn serve_ring(
                 plan,
                 index,
                 stage,
-                (ids.up, up),
+                (ids.up, up.0, up.1),
                 down,
                 hop_tx.clone(),
                 fail_tx.clone(),
