@@ -604,10 +604,7 @@ fn slow_steps_keep_their_link_alive() {
     // must not go silent on the link they came on: a peer that hears nothing for 2.5 s takes the
     // connection for dead, and the turn would be replayed without the member. (Steps run on the
     // link's thread only after a quick one.)
-    let (prompt, generate) = (
-        RING_PROMPT,
-        ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"],
-    );
+    let generate = ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"];
     let (llama, mut live) = llama_ring(&generate);
     live.join("member-0", None, &[], &[("DAISY_TEST_SLOW_STEPS", "3000")]);
     live.join("member-1", None, &[], &[]);
@@ -620,9 +617,15 @@ fn slow_steps_keep_their_link_alive() {
         "the hook did not run: {:?}",
         run.members_err
     );
+    check_whole_without_replay(&llama, &run, &generate);
+}
+
+/// A [`llama_ring`] turn that replayed nothing and gave the ids and hop hashes of one process of
+/// the same split: no member was left out.
+fn check_whole_without_replay(llama: &Path, run: &RingRun, generate: &[&str]) {
     let report = run.report();
     assert_eq!(report["replays"], 0, "{}", run.head_err);
-    let oracle = one_process(&llama, "1,1,1", prompt, &generate);
+    let oracle = one_process(llama, "1,1,1", RING_PROMPT, generate);
     assert_eq!(ids_and_hops(&report), ids_and_hops(&oracle));
 }
 
@@ -634,10 +637,7 @@ fn a_link_offered_again_replaces_the_attempt_its_offerer_gave_up() {
     // not ask for (the ring then waited for a member waiting for an answer); a member already
     // reading the old one (the offerer waits a few seconds before it offers again) must read the
     // new one, or the first lap is lost on a link no one sends on.
-    let (prompt, generate) = (
-        RING_PROMPT,
-        ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"],
-    );
+    let generate = ["--max-new-tokens", "4", "--ignore-eos", "--path", "cached"];
     let (llama, mut live) = llama_ring(&generate);
     // One member offers the link to the other, the last offers the one to the head.
     let hook = [("DAISY_TEST_ABANDON_LINK", "1")];
@@ -662,11 +662,7 @@ fn a_link_offered_again_replaces_the_attempt_its_offerer_gave_up() {
         "the member-to-member link was not replaced while read: {:?}",
         run.members_err
     );
-    let report = run.report();
-    assert_eq!(report["replays"], 0, "{}", run.head_err);
-    // Three stages, as in one process of the same split: no member was dropped for it.
-    let oracle = one_process(&llama, "1,1,1", prompt, &generate);
-    assert_eq!(ids_and_hops(&report), ids_and_hops(&oracle));
+    check_whole_without_replay(&llama, &run, &generate);
 }
 
 #[test]
