@@ -113,8 +113,9 @@ pub(crate) struct Args {
 /// A link the head expects a member to offer. A member offers it again only after giving up its
 /// side of the last attempt (which may have opened on the head's side all the same), so the link
 /// the ring gets is the latest attempt's, once open.
-#[derive(Default)]
 struct Incoming {
+    /// The member that offers it.
+    from: String,
     /// Offers received for the link so far.
     attempts: AtomicU64,
     /// The latest attempt's link, once it opened.
@@ -309,6 +310,12 @@ impl Shared {
                 else {
                     bail!("member {from} offered link {link}, which the head did not ask for");
                 };
+                if slot.from != from {
+                    bail!(
+                        "member {from} offered link {link}, which the head asked of {}",
+                        slot.from
+                    );
+                }
                 let attempt = slot.attempts.fetch_add(1, Ordering::AcqRel) + 1;
                 if slot.opened.send_replace(None).is_some() {
                     eprintln!(
@@ -1077,13 +1084,17 @@ impl Ring<'_> {
             let down =
                 tokio::spawn(async move { shared.offer_to(&first, Role::Ring, to_first).await });
             let link = ids[n];
-            let slot = Arc::new(Incoming::default());
+            let last = &self.members[self.members.len() - 1].device;
+            let slot = Arc::new(Incoming {
+                from: last.clone(),
+                attempts: AtomicU64::new(0),
+                opened: watch::Sender::new(None),
+            });
             self.shared
                 .incoming
                 .lock()
                 .expect("incoming lock")
                 .insert(link, slot.clone());
-            let last = &self.members[self.members.len() - 1].device;
             let connect = Signal::Connect {
                 link,
                 peer: HEAD.to_string(),
