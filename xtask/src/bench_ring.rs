@@ -151,7 +151,8 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
     // `core_to_core_ns`): a reader can tell the rounds that ran across core complexes.
     let mut crossings = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
-        crossings.extend(core_to_core_ns());
+        let crossing = core_to_core_ns();
+        crossings.extend(crossing);
         let one = || -> anyhow::Result<(f64, f64)> {
             let j = run_int8(&root, model, &prompt, 129, "cached")?;
             let rss = j["peak_rss_bytes"].as_f64().context("peak_rss_bytes")?;
@@ -187,8 +188,7 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
             "bench: ring round {}: ring ÷ single process {:.3}{}",
             ratios.len(),
             ratios[ratios.len() - 1],
-            crossings
-                .get(ratios.len() - 1)
+            crossing
                 .map(|ns| format!(", a cache line between CPUs before it {ns:.0} ns"))
                 .unwrap_or_default()
         );
@@ -294,8 +294,8 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
 }
 
 /// The round trip of one cache line between the first two CPUs this process may run on, in ns (the
-/// mean of 20,000, or of those done in 100 ms), or `None` where it may run on one CPU only or cannot pin its threads. A
-/// hypervisor may place a guest's vCPUs on one core complex (a round trip of about 100 ns on a
+/// mean of 20,000, or of those done in 100 ms), or `None` where it may run on one CPU only or
+/// cannot pin its threads. A hypervisor may place a guest's vCPUs on one core complex (a round trip of about 100 ns on a
 /// 2-vCPU Zen 5 guest) or on two (350-400 ns), minute by minute; a ring on one machine hands every
 /// lap between the cores, and its ratio to one process moves with that placement
 /// (`docs/performance.md`). The calling thread's affinity is restored before it returns.
