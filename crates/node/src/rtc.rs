@@ -75,6 +75,9 @@ const ARRIVAL_MIN: usize = 256;
 const STUN_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest wait from the answer to an open channel.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest wait for the answer to an offer, relayed by the head's signaling: after it the attempt
+/// has failed (head and members alike).
+pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a sender waiting for room in SCTP's buffer looks again if no acknowledgement woke it.
 const SPACE_POLL: Duration = Duration::from_millis(50);
 

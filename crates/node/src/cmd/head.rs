@@ -283,9 +283,14 @@ impl Shared {
             },
         )
         .await?;
-        let answer = tokio::time::timeout(Duration::from_secs(30), rx)
+        let answer = tokio::time::timeout(rtc::ANSWER_TIMEOUT, rx)
             .await
-            .map_err(|_| anyhow!("member {device} did not answer the offer within 30 s"))?
+            .map_err(|_| {
+                anyhow!(
+                    "member {device} did not answer the offer within {} s",
+                    rtc::ANSWER_TIMEOUT.as_secs()
+                )
+            })?
             .map_err(|_| anyhow!("member {device} left before answering"))?;
         pending.accept(&answer).await
     }

@@ -372,9 +372,6 @@ type RingLink = (u64, String, Result<Link, String>);
 /// The links this device offered and awaits an answer for: the offer, the peer, which attempt.
 type Offered = Arc<std::sync::Mutex<HashMap<u64, (PendingOffer, String, u32)>>>;
 
-/// Longest wait for the answer to an offer (the head waits as long for a member's).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// What offering one ring link needs: a fresh offer each attempt, sent through the head.
 #[derive(Clone)]
 struct OfferLink {
@@ -386,7 +383,7 @@ struct OfferLink {
 
 impl OfferLink {
     /// Offer `link` to `peer` (attempt `attempt`), and give the attempt up if no answer comes
-    /// within [`ANSWER_TIMEOUT`]. (Boxed: the task that waits for the answer offers again through
+    /// within [`rtc::ANSWER_TIMEOUT`]. (Boxed: the task that waits for the answer offers again through
     /// this.)
     fn send(&self, link: u64, peer: String, attempt: u32) -> BoxFuture<'_, ()> {
         Box::pin(async move {
@@ -405,7 +402,7 @@ impl OfferLink {
                     let _ = self.ws.send(offer).await;
                     let waiting = self.clone();
                     tokio::spawn(async move {
-                        tokio::time::sleep(ANSWER_TIMEOUT).await;
+                        tokio::time::sleep(rtc::ANSWER_TIMEOUT).await;
                         let expired = {
                             let mut pending = waiting.pending.lock().expect("offers lock");
                             match pending.get(&link) {
@@ -416,7 +413,7 @@ impl OfferLink {
                         if let Some((_, peer, _)) = expired {
                             let e = anyhow!(
                                 "no answer to the offer within {} s",
-                                ANSWER_TIMEOUT.as_secs()
+                                rtc::ANSWER_TIMEOUT.as_secs()
                             );
                             waiting.failed(link, peer, attempt, e).await;
                         }
