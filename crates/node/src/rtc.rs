@@ -78,6 +78,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
 /// Longest wait for the answer to an offer, relayed by the head's signaling: after it the attempt
 /// has failed (head and members alike).
 pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tries at opening a link its offerer makes (head and members alike) before it gives up: a lost
+/// handshake packet can fail one attempt, and a network that loses one packet in fifty stays usable.
+pub(crate) const LINK_ATTEMPTS: u32 = 3;
 /// How often a sender waiting for room in SCTP's buffer looks again if no acknowledgement woke it.
 const SPACE_POLL: Duration = Duration::from_millis(50);
 

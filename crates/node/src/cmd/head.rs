@@ -122,8 +122,6 @@ struct Incoming {
     opened: watch::Sender<Option<Arc<Link>>>,
 }
 
-/// Tries at opening a ring or control link the head offers (as a member does for its own).
-const LINK_ATTEMPTS: u32 = 3;
 /// Longest wait for a member's Hello or probe result.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 /// Longest wait for the members to load their layers.
@@ -254,13 +252,13 @@ impl Shared {
     }
 
     /// Offer link `link` to `device` (the head sending on it) and wait for it to open, with a fresh
-    /// offer up to [`LINK_ATTEMPTS`] times (a lost handshake packet can fail one attempt).
+    /// offer up to [`rtc::LINK_ATTEMPTS`] times (a lost handshake packet can fail one attempt).
     async fn offer_to(&self, device: &str, role: Role, link: u64) -> Result<Link> {
         let mut attempt = 1;
         loop {
             match self.offer_once(device, role, link).await {
                 Ok(l) => return Ok(l),
-                Err(e) if attempt < LINK_ATTEMPTS => {
+                Err(e) if attempt < rtc::LINK_ATTEMPTS => {
                     eprintln!("head: link {link} to {device}: {e:#}; offering it again");
                     attempt += 1;
                 }

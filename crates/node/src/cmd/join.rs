@@ -186,7 +186,7 @@ async fn member(
     let (ws_tx, mut ws_rx) = mpsc::channel::<Signal>(16);
     let (control_tx, control_rx) = oneshot::channel::<Link>();
     // Ring links, both directions, with their signaling ids (the head says which are whose); a link
-    // this device offered and could not open in LINK_ATTEMPTS tries comes as its error.
+    // this device offered and could not open in rtc::LINK_ATTEMPTS tries comes as its error.
     let (ring_tx, mut ring_rx) = mpsc::channel::<RingLink>(4);
     let (mut sink, mut stream) = ws.split();
     let writer = tokio::spawn(async move {
@@ -361,10 +361,6 @@ async fn member(
 /// How long a member that failed waits for the head to read its report before it closes.
 const REPORT_GRACE: Duration = Duration::from_secs(3);
 
-/// Tries at opening a ring link this device offers before it gives up and tells the head (a lost
-/// handshake packet can fail one attempt; a network that loses one packet in fifty stays usable).
-const LINK_ATTEMPTS: u32 = 3;
-
 /// A ring link by its signaling id, with the device at its other end: the link, or why it did not
 /// open.
 type RingLink = (u64, String, Result<Link, String>);
@@ -427,9 +423,9 @@ impl OfferLink {
         })
     }
 
-    /// Attempt `attempt` at `link` failed: offer it again, or after [`LINK_ATTEMPTS`] say why.
+    /// Attempt `attempt` at `link` failed: offer it again, or after [`rtc::LINK_ATTEMPTS`] say why.
     async fn failed(&self, link: u64, peer: String, attempt: u32, e: anyhow::Error) {
-        if attempt < LINK_ATTEMPTS {
+        if attempt < rtc::LINK_ATTEMPTS {
             eprintln!("join: link {link}: {e:#}; offering it again");
             self.send(link, peer, attempt + 1).await;
         } else {
