@@ -1,5 +1,6 @@
 //! `node demo` stops every process it started however it ends: also when a signal ends the demo
-//! alone, before it can stop them itself.
+//! alone, before it can stop them itself. And what its three processes print reaches the user as
+//! whole lines, in the order they were written.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -111,4 +112,67 @@ fn a_signal_to_the_demo_alone_stops_its_ring() {
         left.is_empty(),
         "still running 10 s after the demo was ended: {left:?} of {ring:?}"
     );
+}
+
+/// The demo's answer and logs in one file, as a terminal shows them: each log line whole, at the
+/// start of its own line (a member's line never inside one of the head's), and the head's summary
+/// after the answer's closing newline rather than glued to the answer's last word. (What goes wrong
+/// without it is a race between the processes' writes, so two runs; `cmd::demo`'s unit test holds
+/// the order itself.)
+#[test]
+fn the_demo_passes_on_whole_lines_in_the_order_they_were_written() {
+    for run in 0..2 {
+        let shown = demo_as_a_terminal_shows_it();
+        for line in shown.lines() {
+            for tag in ["head: ", "[stage-1] ", "[stage-2] ", "demo: "] {
+                if let Some(at) = line.find(tag) {
+                    assert_eq!(
+                        at, 0,
+                        "run {run}: a log line glued to other output: {line:?}\n{shown}"
+                    );
+                }
+            }
+        }
+        let lines: Vec<&str> = shown.lines().collect();
+        let turn = lines
+            .iter()
+            .position(|l| l.starts_with("head: a turn of "))
+            .unwrap_or_else(|| panic!("run {run}: no turn in\n{shown}"));
+        let summary = lines
+            .iter()
+            .position(|l| l.starts_with("head: 24 tokens, prefill "))
+            .unwrap_or_else(|| panic!("run {run}: no whole summary of 24 tokens in\n{shown}"));
+        let answer = lines[turn + 1..summary].concat();
+        assert!(
+            answer.trim().len() > 10,
+            "run {run}: the answer is not between the turn's line and its summary:\n{shown}"
+        );
+    }
+}
+
+/// `node demo`'s stdout and stderr, written to one open file as to a terminal.
+fn demo_as_a_terminal_shows_it() -> String {
+    let model = root().join("target/fixtures/SmolLM2-135M-Instruct");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("terminal.txt");
+    let out = std::fs::File::create(&path).expect("the output file");
+    // One open file for both, as a terminal is: every write lands after the one before it.
+    let err = out.try_clone().expect("the same file again");
+    let status = Command::new(env!("CARGO_BIN_EXE_node"))
+        .args(["demo", "--model", &model.to_string_lossy()])
+        .args([
+            "--stages",
+            "10,10,10",
+            "--prompt",
+            "The three primary colors are",
+        ])
+        .args(["--max-new-tokens", "24", "--ignore-eos", "--no-verify"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .expect("node demo runs");
+    let shown = std::fs::read_to_string(&path).expect("the demo's output");
+    assert!(status.success(), "the demo failed: {status}\n{shown}");
+    shown
 }

@@ -4,8 +4,10 @@
 //! fails or is interrupted.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result, bail};
 
@@ -203,20 +205,22 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .args(&head_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .context("starting the head")?;
     children.0.push(("head".into(), Some(head)));
-    let stdout: ChildStdout = children.0[0]
-        .1
-        .as_mut()
-        .and_then(|c| c.stdout.take())
-        .expect("piped");
-    let mut head_out = BufReader::new(stdout);
-    let mut first = String::new();
-    head_out
-        .read_line(&mut first)
-        .context("reading the head's join URL")?;
+    let head = children.0[0].1.as_mut().expect("just started");
+    let (stdout, stderr) = (head.stdout.take(), head.stderr.take());
+    let mut head_out = HeadOutput::new(
+        stdout.expect("piped"),
+        stderr.expect("piped"),
+        Box::new(std::io::stdout()),
+        Box::new(std::io::stderr()),
+    )?;
+    let first = head_out
+        .first_line()
+        .context("reading the head's join URL")?
+        .unwrap_or_default();
     let Some(url) = first.trim().strip_prefix("join: ") else {
         let status = children.wait_all(Duration::from_secs(5));
         bail!(
@@ -251,18 +255,8 @@ pub(crate) fn run(args: Args) -> Result<()> {
         });
         children.0.push((name, Some(member)));
     }
-    // The answer streams token by token: pass on whatever the head wrote, as it comes.
-    let mut out = std::io::stdout().lock();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = head_out.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n])?;
-        out.flush()?;
-    }
-    drop(out);
+    // The answer streams token by token: pass on whatever the head writes, as it comes.
+    head_out.pass_on()?;
     let ended = children.wait_all(Duration::from_secs(10));
     let mut failed = Vec::new();
     for e in &ended {
@@ -294,4 +288,244 @@ pub(crate) fn run(args: Args) -> Result<()> {
     }
     eprintln!("demo: every process of the ring has stopped");
     Ok(())
+}
+
+/// The head's answer (its stdout) and its log (its stderr), passed on as the head wrote them, as
+/// far as two pipes tell. The log goes out a whole line at a time, so that no member's line lands
+/// inside one of the head's. Whatever stdout held when a log line was read was written before it or
+/// about when it was; which, the pipes do not say, so the text goes first when it ends a line (the
+/// answer's closing newline, then the head's summary) and after the log otherwise (the head's "a
+/// turn of" line, then the answer's first words). Both pipes are read without blocking, so neither
+/// stalls behind the other, and the head never waits on a full pipe.
+struct HeadOutput {
+    out: ChildStdout,
+    err: ChildStderr,
+    /// Where the answer and the log go (this process's stdout and stderr).
+    answer: Box<dyn Write + Send>,
+    report: Box<dyn Write + Send>,
+    out_open: bool,
+    err_open: bool,
+    /// Stdout not passed on: everything until the join URL's line has been read.
+    held: Vec<u8>,
+    /// That line, until [`HeadOutput::first_line`] takes it.
+    first: Option<String>,
+    passing: bool,
+    /// The head's log as read, up to its last whole line printed.
+    log: Vec<u8>,
+}
+
+impl HeadOutput {
+    fn new(
+        out: ChildStdout,
+        err: ChildStderr,
+        answer: Box<dyn Write + Send>,
+        report: Box<dyn Write + Send>,
+    ) -> Result<Self> {
+        for fd in [out.as_raw_fd(), err.as_raw_fd()] {
+            set_nonblocking(fd).context("reading the head's output without blocking")?;
+        }
+        Ok(Self {
+            out,
+            err,
+            answer,
+            report,
+            out_open: true,
+            err_open: true,
+            held: Vec::new(),
+            first: None,
+            passing: false,
+            log: Vec::new(),
+        })
+    }
+
+    /// The head's first line on stdout (its join URL; its log is passed on meanwhile), or `None`
+    /// when its stdout ends before one. What follows that line is the answer, passed on from now.
+    fn first_line(&mut self) -> Result<Option<String>> {
+        loop {
+            if let Some(line) = self.first.take() {
+                return Ok(Some(line));
+            }
+            if !self.out_open {
+                return Ok(None);
+            }
+            self.pump()?;
+        }
+    }
+
+    /// Pass on both until the head closes them (it exits).
+    fn pass_on(&mut self) -> Result<()> {
+        while self.out_open || self.err_open {
+            self.pump()?;
+        }
+        Ok(())
+    }
+
+    /// Wait until either pipe has something (or ends), then read the log, then stdout, and pass on
+    /// what came in the order the type describes.
+    fn pump(&mut self) -> Result<()> {
+        let mut fds: Vec<libc::pollfd> = [
+            (self.out_open, self.out.as_raw_fd()),
+            (self.err_open, self.err.as_raw_fd()),
+        ]
+        .into_iter()
+        .filter(|(open, _)| *open)
+        .map(|(_, fd)| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+        let n = libc::nfds_t::try_from(fds.len()).expect("two at most");
+        // SAFETY: `fds` holds `n` initialized pollfds and lives across the call.
+        if unsafe { libc::poll(fds.as_mut_ptr(), n, -1) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                return Ok(());
+            }
+            return Err(e).context("waiting for the head's output");
+        }
+        if self.err_open {
+            let log = &mut self.log;
+            self.err_open = drain(&mut self.err, &mut |b| log.extend_from_slice(b))
+                .context("reading the head's log")?;
+        }
+        let mut text = Vec::new();
+        if self.out_open {
+            self.out_open = drain(&mut self.out, &mut |b| text.extend_from_slice(b))
+                .context("reading the head's answer")?;
+        }
+        if !self.passing {
+            // Until its first line (the join URL) the head's stdout is the demo's; after it, the
+            // answer.
+            self.held.append(&mut text);
+            if let Some(end) = self.held.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.held.drain(..=end).collect();
+                self.first = Some(String::from_utf8_lossy(&line).into_owned());
+                self.passing = true;
+                text = std::mem::take(&mut self.held);
+            }
+        }
+        let whole = match self.log.iter().rposition(|&b| b == b'\n') {
+            Some(end) => end + 1,
+            // A last line without its newline goes out once the log has ended.
+            None if !self.err_open => self.log.len(),
+            None => 0,
+        };
+        let text_first = text.last() == Some(&b'\n');
+        if text_first {
+            write_out(&mut self.answer, &text).context("passing on the head's answer")?;
+        }
+        for line in self.log[..whole].split_inclusive(|&b| b == b'\n') {
+            // One write a line: stderr's lock keeps a member's line (`eprintln!`) out of it.
+            let mut line = line.to_vec();
+            if line.last() != Some(&b'\n') {
+                line.push(b'\n');
+            }
+            self.report
+                .write_all(&line)
+                .and_then(|()| self.report.flush())
+                .context("passing on the head's log")?;
+        }
+        self.log.drain(..whole);
+        if !text_first {
+            write_out(&mut self.answer, &text).context("passing on the head's answer")?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything `from` has now, to `to`; whether it is still open (`false` once it has ended).
+fn drain(from: &mut impl Read, to: &mut dyn FnMut(&[u8])) -> Result<bool> {
+    let mut buf = [0u8; 8192];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(false),
+            Ok(n) => to(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Part of the answer, passed on at once.
+fn write_out(to: &mut dyn Write, bytes: &[u8]) -> Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    to.write_all(bytes)?;
+    to.flush()?;
+    Ok(())
+}
+
+fn set_nonblocking(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: `fcntl` on a pipe this process holds open; F_GETFL/F_SETFL take and return ints.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Both of the demo's outputs in one buffer, as one terminal shows them.
+    #[derive(Clone, Default)]
+    struct Terminal(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Terminal {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("terminal").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A stand-in head (a shell script) writes a log line and its join URL with the answer's first
+    /// words, then — while the demo is not reading — the answer's closing newline and right after
+    /// it a log line, then a log line in two writes and a last one without a newline. The demo
+    /// passes on the answer from after the URL, and the log in whole lines and in the order written.
+    #[test]
+    fn the_heads_log_comes_whole_and_after_the_answer_written_before_it() {
+        let script = "printf 'head: loading\\n' >&2; printf 'join: http://h/#s\\nThe answer'; \
+                      sleep 0.1; printf ' ends.\\n'; printf 'head: 3 tokens\\n' >&2; \
+                      sleep 0.5; printf 'head: a line in ' >&2; sleep 0.1; \
+                      printf 'two writes\\nhead: last' >&2";
+        let mut child = Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let terminal = Terminal::default();
+        let mut head = HeadOutput::new(
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+            Box::new(terminal.clone()),
+            Box::new(terminal.clone()),
+        )
+        .expect("non-blocking pipes");
+        // The first log line and the URL with the answer's first words come in one read.
+        std::thread::sleep(Duration::from_millis(50));
+        let first = head.first_line().expect("read").expect("a first line");
+        assert_eq!(first, "join: http://h/#s\n");
+        // The script writes the answer's end and the log line after it meanwhile: the next read
+        // finds both.
+        std::thread::sleep(Duration::from_millis(400));
+        head.pass_on().expect("passed on");
+        child.wait().expect("sh ends");
+        let shown = String::from_utf8(terminal.0.lock().expect("terminal").clone()).expect("text");
+        assert_eq!(
+            shown,
+            "head: loading\nThe answer ends.\nhead: 3 tokens\nhead: a line in two writes\n\
+             head: last\n"
+        );
+    }
 }
