@@ -243,6 +243,21 @@ pub(crate) fn slow_step() {
     }
 }
 
+/// Sleep `$DAISY_TEST_PACE_STEPS` milliseconds before every one of a member's steps: a ring whose
+/// answer takes a while to stream, however busy the machine (a page test's browser, starved of the
+/// cores by a ring at full speed, could read a whole answer in one piece).
+pub(crate) fn pace_step() {
+    static PACE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let pace = PACE.get_or_init(|| {
+        std::env::var("DAISY_TEST_PACE_STEPS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    if let Some(ms) = *pace {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Whether this member gives up its first attempt at the ring link it offers `peer`
 /// (`DAISY_TEST_ABANDON_LINK`), and how long it then waits before offering it again: at once to
 /// the head; three seconds to a member, which by then reads the attempt given up.

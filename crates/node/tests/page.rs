@@ -98,8 +98,16 @@ fn the_page_draws_the_ring_and_streams_a_verified_answer() {
     }
     let _one = ONE_BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let mut head = Served::start(&smollm2(), &["--stages", "10,10,10"], &[]);
-    head.join("member-0");
-    head.join("member-1");
+    // Each member's step paced to 10 ms, so that an answer takes a second to stream: with the ring
+    // at full speed a browser starved of both cores read a whole answer in one piece now and then,
+    // and the streaming check below saw a single update.
+    for name in ["member-0", "member-1"] {
+        head.join_with(
+            name,
+            &[("DAISY_TEST_PACE_STEPS", "10")],
+            std::process::Stdio::null(),
+        );
+    }
     head.wait_for("ready; serving until stopped");
 
     let tokens = MAX_TOKENS.to_string();

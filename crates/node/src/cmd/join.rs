@@ -995,7 +995,10 @@ impl Stepper {
     fn step(&mut self, bytes: &[u8], turn: u64, cached: bool) -> Result<()> {
         let t0 = std::time::Instant::now();
         #[cfg(feature = "test-hooks")]
-        crate::test_hooks::slow_step();
+        {
+            crate::test_hooks::slow_step();
+            crate::test_hooks::pace_step();
+        }
         let sent = self.member.step(bytes, cached)?;
         let took = t0.elapsed();
         self.last = Some(took);
