@@ -4,10 +4,9 @@
 //! fails or is interrupted.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result, bail};
 
@@ -301,8 +300,8 @@ struct HeadOutput {
     out: ChildStdout,
     err: ChildStderr,
     /// Where the answer and the log go (this process's stdout and stderr).
-    answer: Box<dyn Write + Send>,
-    report: Box<dyn Write + Send>,
+    answer: Box<dyn Write>,
+    report: Box<dyn Write>,
     out_open: bool,
     err_open: bool,
     /// Stdout not passed on: everything until the join URL's line has been read.
@@ -318,8 +317,8 @@ impl HeadOutput {
     fn new(
         out: ChildStdout,
         err: ChildStderr,
-        answer: Box<dyn Write + Send>,
-        report: Box<dyn Write + Send>,
+        answer: Box<dyn Write>,
+        report: Box<dyn Write>,
     ) -> Result<Self> {
         for fd in [out.as_raw_fd(), err.as_raw_fd()] {
             set_nonblocking(fd).context("reading the head's output without blocking")?;
@@ -339,13 +338,15 @@ impl HeadOutput {
     }
 
     /// The head's first line on stdout (its join URL; its log is passed on meanwhile), or `None`
-    /// when its stdout ends before one. What follows that line is the answer, passed on from now.
+    /// when its stdout ends before one — after the rest of its log (why it stopped). What follows
+    /// that line is the answer, passed on from now.
     fn first_line(&mut self) -> Result<Option<String>> {
         loop {
             if let Some(line) = self.first.take() {
                 return Ok(Some(line));
             }
             if !self.out_open {
+                self.pass_on()?;
                 return Ok(None);
             }
             self.pump()?;
@@ -527,5 +528,31 @@ mod tests {
             "head: loading\nThe answer ends.\nhead: 3 tokens\nhead: a line in two writes\n\
              head: last\n"
         );
+    }
+
+    /// A head that stops before its join URL: what it said on its way out reaches the terminal,
+    /// its last line too, though it closed stdout first and lacks a newline.
+    #[test]
+    fn a_head_that_stops_before_its_url_is_heard_to_the_end() {
+        let script = "printf 'head: starting\\n' >&2; exec 1>&-; sleep 0.2; \
+                      printf 'error: no such model' >&2; exit 1";
+        let mut child = Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let terminal = Terminal::default();
+        let mut head = HeadOutput::new(
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+            Box::new(terminal.clone()),
+            Box::new(terminal.clone()),
+        )
+        .expect("non-blocking pipes");
+        assert_eq!(head.first_line().expect("read"), None);
+        child.wait().expect("sh ends");
+        let shown = String::from_utf8(terminal.0.lock().expect("terminal").clone()).expect("text");
+        assert_eq!(shown, "head: starting\nerror: no such model\n");
     }
 }
