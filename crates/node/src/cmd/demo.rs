@@ -489,6 +489,31 @@ mod tests {
         }
     }
 
+    impl Terminal {
+        fn shown(&self) -> String {
+            String::from_utf8(self.0.lock().expect("terminal").clone()).expect("text")
+        }
+    }
+
+    /// A stand-in head: `sh -c script`, its output passed on to one terminal.
+    fn stand_in(script: &str) -> (Child, HeadOutput, Terminal) {
+        let mut child = Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh runs");
+        let terminal = Terminal::default();
+        let head = HeadOutput::new(
+            child.stdout.take().expect("piped"),
+            child.stderr.take().expect("piped"),
+            Box::new(terminal.clone()),
+            Box::new(terminal.clone()),
+        )
+        .expect("non-blocking pipes");
+        (child, head, terminal)
+    }
+
     /// A stand-in head (a shell script) writes a log line and its join URL with the answer's first
     /// words, then — while the demo is not reading — the answer's closing newline and right after
     /// it a log line, then a log line in two writes and a last one without a newline. The demo
@@ -499,20 +524,7 @@ mod tests {
                       sleep 0.1; printf ' ends.\\n'; printf 'head: 3 tokens\\n' >&2; \
                       sleep 0.5; printf 'head: a line in ' >&2; sleep 0.1; \
                       printf 'two writes\\nhead: last' >&2";
-        let mut child = Command::new("sh")
-            .args(["-c", script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("sh runs");
-        let terminal = Terminal::default();
-        let mut head = HeadOutput::new(
-            child.stdout.take().expect("piped"),
-            child.stderr.take().expect("piped"),
-            Box::new(terminal.clone()),
-            Box::new(terminal.clone()),
-        )
-        .expect("non-blocking pipes");
+        let (mut child, mut head, terminal) = stand_in(script);
         // The first log line and the URL with the answer's first words come in one read.
         std::thread::sleep(Duration::from_millis(50));
         let first = head.first_line().expect("read").expect("a first line");
@@ -522,7 +534,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(400));
         head.pass_on().expect("passed on");
         child.wait().expect("sh ends");
-        let shown = String::from_utf8(terminal.0.lock().expect("terminal").clone()).expect("text");
+        let shown = terminal.shown();
         assert_eq!(
             shown,
             "head: loading\nThe answer ends.\nhead: 3 tokens\nhead: a line in two writes\n\
@@ -536,23 +548,10 @@ mod tests {
     fn a_head_that_stops_before_its_url_is_heard_to_the_end() {
         let script = "printf 'head: starting\\n' >&2; exec 1>&-; sleep 0.2; \
                       printf 'error: no such model' >&2; exit 1";
-        let mut child = Command::new("sh")
-            .args(["-c", script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("sh runs");
-        let terminal = Terminal::default();
-        let mut head = HeadOutput::new(
-            child.stdout.take().expect("piped"),
-            child.stderr.take().expect("piped"),
-            Box::new(terminal.clone()),
-            Box::new(terminal.clone()),
-        )
-        .expect("non-blocking pipes");
+        let (mut child, mut head, terminal) = stand_in(script);
         assert_eq!(head.first_line().expect("read"), None);
         child.wait().expect("sh ends");
-        let shown = String::from_utf8(terminal.0.lock().expect("terminal").clone()).expect("text");
+        let shown = terminal.shown();
         assert_eq!(shown, "head: starting\nerror: no such model\n");
     }
 }
