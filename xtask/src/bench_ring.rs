@@ -295,9 +295,9 @@ pub(crate) fn figures(model: &BenchModel) -> anyhow::Result<Vec<Figure>> {
 
 /// The round trip of one cache line between the first two CPUs this process may run on, in ns (the
 /// mean of 20,000, or of those done in 100 ms), or `None` where it may run on one CPU only or
-/// cannot pin its threads. A hypervisor may place a guest's vCPUs on one core complex (a round trip of about 100 ns on a
-/// 2-vCPU Zen 5 guest) or on two (350-400 ns), minute by minute; a ring on one machine hands every
-/// lap between the cores, and its ratio to one process moves with that placement
+/// cannot pin its threads. A hypervisor may place a guest's vCPUs on one core complex (a round trip
+/// of about 100 ns on a 2-vCPU Zen 5 guest) or on two (350-400 ns), minute by minute; a ring on one
+/// machine hands every lap between the cores, and its ratio to one process moves with that placement
 /// (`docs/performance.md`). The calling thread's affinity is restored before it returns.
 #[cfg(target_os = "linux")]
 fn core_to_core_ns() -> Option<f64> {

@@ -17,6 +17,8 @@
 //!   as soon as its side opens, and offers it again (at once to the head, three seconds later to a
 //!   member, which is reading the old one by then): what a member whose side of the handshake
 //!   timed out does while the peer's side opened all the same.
+//! - `DAISY_TEST_PACE_STEPS=MS`: every step of a member starts MS milliseconds late, so that an
+//!   answer streams over time however busy the machine (the page test's streaming check).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};

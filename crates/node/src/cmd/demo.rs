@@ -406,11 +406,14 @@ impl HeadOutput {
                 text = std::mem::take(&mut self.held);
             }
         }
-        let whole = match self.log.iter().rposition(|&b| b == b'\n') {
-            Some(end) => end + 1,
-            // A last line without its newline goes out once the log has ended.
-            None if !self.err_open => self.log.len(),
-            None => 0,
+        let whole = if self.err_open {
+            self.log
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |end| end + 1)
+        } else {
+            // The log has ended: its last line goes out without its newline too.
+            self.log.len()
         };
         let text_first = text.last() == Some(&b'\n');
         if text_first {
@@ -514,24 +517,25 @@ mod tests {
         (child, head, terminal)
     }
 
-    /// A stand-in head (a shell script) writes a log line and its join URL with the answer's first
-    /// words, then — while the demo is not reading — the answer's closing newline and right after
-    /// it a log line, then a log line in two writes and a last one without a newline. The demo
-    /// passes on the answer from after the URL, and the log in whole lines and in the order written.
+    /// A stand-in head (a shell script) writes a log line and its join URL with the answer's
+    /// first words, then — while the demo is not reading — the answer's closing newline and right
+    /// after it a log line, then a log line in two writes and a last one without a newline. The
+    /// demo passes on the answer from after the URL, and the log in whole lines, in the order
+    /// written.
     #[test]
     fn the_heads_log_comes_whole_and_after_the_answer_written_before_it() {
         let script = "printf 'head: loading\\n' >&2; printf 'join: http://h/#s\\nThe answer'; \
-                      sleep 0.1; printf ' ends.\\n'; printf 'head: 3 tokens\\n' >&2; \
-                      sleep 0.5; printf 'head: a line in ' >&2; sleep 0.1; \
+                      sleep 1; printf ' ends.\\n'; printf 'head: 3 tokens\\n' >&2; \
+                      sleep 1; printf 'head: a line in ' >&2; sleep 0.1; \
                       printf 'two writes\\nhead: last' >&2";
         let (mut child, mut head, terminal) = stand_in(script);
         // The first log line and the URL with the answer's first words come in one read.
         std::thread::sleep(Duration::from_millis(50));
         let first = head.first_line().expect("read").expect("a first line");
         assert_eq!(first, "join: http://h/#s\n");
-        // The script writes the answer's end and the log line after it meanwhile: the next read
-        // finds both.
-        std::thread::sleep(Duration::from_millis(400));
+        // The script writes the answer's end and the log line after it meanwhile (a second after
+        // the URL; the margins are wide for a busy machine): the next read finds both.
+        std::thread::sleep(Duration::from_millis(1600));
         head.pass_on().expect("passed on");
         child.wait().expect("sh ends");
         let shown = terminal.shown();
@@ -553,5 +557,20 @@ mod tests {
         child.wait().expect("sh ends");
         let shown = terminal.shown();
         assert_eq!(shown, "head: starting\nerror: no such model\n");
+    }
+
+    /// A log read to its end in one go (the head wrote and exited before the demo looked): its
+    /// last line, without a newline, goes out with the whole ones before it.
+    #[test]
+    fn a_log_read_whole_at_once_keeps_its_last_line() {
+        let (mut child, mut head, terminal) =
+            stand_in("printf 'join: u\\n'; printf 'head: one\\nhead: two' >&2");
+        child.wait().expect("sh ends");
+        assert_eq!(
+            head.first_line().expect("read").as_deref(),
+            Some("join: u\n")
+        );
+        head.pass_on().expect("passed on");
+        assert_eq!(terminal.shown(), "head: one\nhead: two\n");
     }
 }

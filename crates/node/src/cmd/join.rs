@@ -379,8 +379,8 @@ struct OfferLink {
 
 impl OfferLink {
     /// Offer `link` to `peer` (attempt `attempt`), and give the attempt up if no answer comes
-    /// within [`rtc::ANSWER_TIMEOUT`]. (Boxed: the task that waits for the answer offers again through
-    /// this.)
+    /// within [`rtc::ANSWER_TIMEOUT`]. (Boxed: the task that waits for the answer offers again
+    /// through this.)
     fn send(&self, link: u64, peer: String, attempt: u32) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             match rtc::offer(&self.cfg).await {
