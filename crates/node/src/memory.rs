@@ -82,3 +82,46 @@ fn set_computing() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, COMPUTING_MMAP_THRESHOLD);
     }
 }
+
+/// What follows a node's tag in the line it prints as it exits: `join: peak RSS 57823232 bytes`.
+const PEAK_RSS: &str = ": peak RSS ";
+
+/// Print this process's own peak resident memory (`VmHWM`) under `tag`, as it exits, for the
+/// user and for `node demo` ([`reported_peak`]). The figure the system gives a parent for a
+/// reaped child (`wait4`) would not do: it is the largest of the child's and of every process the
+/// child ran and waited for — with `--backend auto`, the adapter probe that loads Mesa's driver
+/// (about 70 MB) so that the node does not.
+pub(crate) fn print_peak(tag: &str) {
+    if let Some(peak) = daisy_engine::peak_rss_bytes() {
+        eprintln!("{tag}{PEAK_RSS}{peak} bytes");
+    }
+}
+
+/// The peak in a line [`print_peak`] wrote under `tag`, in bytes.
+pub(crate) fn reported_peak(tag: &str, line: &str) -> Option<u64> {
+    line.trim_end()
+        .strip_prefix(tag)?
+        .strip_prefix(PEAK_RSS)?
+        .strip_suffix(" bytes")?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peak_is_read_back_from_its_own_tag_only() {
+        assert_eq!(
+            reported_peak("join", "join: peak RSS 57823232 bytes\n"),
+            Some(57_823_232)
+        );
+        assert_eq!(reported_peak("head", "join: peak RSS 57823232 bytes"), None);
+        assert_eq!(
+            reported_peak("demo", "demo: peak RSS head 246.3 MB, stage-1 69.1 MB"),
+            None
+        );
+        assert_eq!(reported_peak("join", "join: peak RSS 12 MB"), None);
+    }
+}

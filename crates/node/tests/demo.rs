@@ -150,6 +150,49 @@ fn the_demo_passes_on_whole_lines_in_the_order_they_were_written() {
     }
 }
 
+/// The demo's memory line gives each process's own peak, the one it reported as it exited — not
+/// the system's figure for the reaped child, which also holds the peak of any process that child
+/// ran: with `--backend auto` each node asks a child `node adapters`, which loads the software
+/// Vulkan driver where there is one (about 70 MB, above a member's own peak).
+#[test]
+fn the_demos_memory_line_gives_each_process_its_own_peak() {
+    let shown = demo_as_a_terminal_shows_it();
+    let reported = |prefix: &str| -> f64 {
+        let bytes: u64 = shown
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix)?.strip_suffix(" bytes"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no `{prefix}N bytes` in\n{shown}"));
+        bytes as f64 / 1e6
+    };
+    let line = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("demo: peak RSS "))
+        .unwrap_or_else(|| panic!("no memory line in\n{shown}"));
+    let each = line.split(';').next().unwrap_or_default();
+    let shown_mb: Vec<(&str, f64)> = each
+        .split(", ")
+        .map(|p| {
+            let mut w = p.split(' ');
+            let name = w.next().unwrap_or_default();
+            let mb = w.next().and_then(|v| v.parse().ok());
+            (name, mb.unwrap_or_else(|| panic!("`{p}` in {line}")))
+        })
+        .collect();
+    let names: Vec<&str> = shown_mb.iter().map(|p| p.0).collect();
+    assert_eq!(names, ["head", "stage-1", "stage-2"], "{line}");
+    for (name, mb) in shown_mb {
+        let own = match name {
+            "head" => reported("head: peak RSS "),
+            stage => reported(&format!("[{stage}] join: peak RSS ")),
+        };
+        assert!(
+            (mb - own).abs() < 0.051,
+            "{name}: the demo says {mb} MB, the process itself {own:.1} MB\n{shown}"
+        );
+    }
+}
+
 /// `node demo`'s stdout and stderr, written to one open file as to a terminal.
 fn demo_as_a_terminal_shows_it() -> String {
     let model = root().join("target/fixtures/SmolLM2-135M-Instruct");

@@ -3,6 +3,7 @@
 //! a command line), runs the prompt with Verify, and stops every process it started — also when it
 //! fails or is interrupted.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::process::{Child, ChildStderr, ChildStdout, Command, Stdio};
@@ -231,6 +232,8 @@ pub(crate) fn run(args: Args) -> Result<()> {
         );
     };
     let url = url.to_string();
+    // Each member's log, passed on line by line; each thread returns the peak its member reported.
+    let mut relays = Vec::new();
     for i in 1..stages.len() {
         let name = format!("stage-{i}");
         let mut member = with_the_demo(&mut Command::new(&exe))
@@ -247,16 +250,36 @@ pub(crate) fn run(args: Args) -> Result<()> {
         drop(stdin);
         let stderr = member.stderr.take().expect("piped");
         let prefix = name.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                eprintln!("[{prefix}] {line}");
-            }
-        });
+        relays.push((
+            name.clone(),
+            std::thread::spawn(move || {
+                let mut peak = None;
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    peak = crate::memory::reported_peak("join", &line).or(peak);
+                    eprintln!("[{prefix}] {line}");
+                }
+                peak
+            }),
+        ));
         children.0.push((name, Some(member)));
     }
     // The answer streams token by token: pass on whatever the head writes, as it comes.
     head_out.pass_on()?;
     let ended = children.wait_all(Duration::from_secs(10));
+    // A member's log ends when it exits: its last lines (its peak) are passed on before the
+    // demo's own. A relay still open after a while (a pipe some other process holds) is left.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while relays.iter().any(|r| !r.1.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut reported: HashMap<String, u64> = relays
+        .into_iter()
+        .filter(|r| r.1.is_finished())
+        .filter_map(|(name, r)| Some((name, r.join().ok()??)))
+        .collect();
+    if let Some(peak) = head_out.peak {
+        reported.insert("head".into(), peak);
+    }
     let mut failed = Vec::new();
     for e in &ended {
         match e.status {
@@ -271,13 +294,25 @@ pub(crate) fn run(args: Args) -> Result<()> {
     if !failed.is_empty() {
         bail!("the demo's ring failed: {}", failed.join("; "));
     }
-    let peaks: Option<Vec<u64>> = ended.iter().map(|e| e.peak_rss).collect();
+    // Each process's own peak as it reported it; where it did not (it was killed), the system's,
+    // which also covers what that process ran (see `memory::print_peak`).
+    let peaks: Option<Vec<(u64, bool)>> = ended
+        .iter()
+        .map(|e| match reported.get(&e.name) {
+            Some(&own) => Some((own, true)),
+            None => e.peak_rss.map(|p| (p, false)),
+        })
+        .collect();
     if let Some(peaks) = peaks {
         let each: Vec<String> = ended
             .iter()
             .zip(&peaks)
-            .map(|(e, p)| format!("{} {:.1} MB", e.name, *p as f64 / 1e6))
+            .map(|(e, (p, own))| {
+                let with = if *own { "" } else { " (with what it ran)" };
+                format!("{} {:.1} MB{with}", e.name, *p as f64 / 1e6)
+            })
             .collect();
+        let peaks: Vec<u64> = peaks.iter().map(|p| p.0).collect();
         eprintln!(
             "demo: peak RSS {}; the ring {:.1} MB ({} bytes)",
             each.join(", "),
@@ -311,6 +346,8 @@ struct HeadOutput {
     passing: bool,
     /// The head's log as read, up to its last whole line printed.
     log: Vec<u8>,
+    /// The peak resident memory the head reported in its log as it exited.
+    peak: Option<u64>,
 }
 
 impl HeadOutput {
@@ -334,6 +371,7 @@ impl HeadOutput {
             first: None,
             passing: false,
             log: Vec::new(),
+            peak: None,
         })
     }
 
@@ -421,6 +459,9 @@ impl HeadOutput {
         }
         for line in self.log[..whole].split_inclusive(|&b| b == b'\n') {
             // One write a line: stderr's lock keeps a member's line (`eprintln!`) out of it.
+            if let Ok(text) = std::str::from_utf8(line) {
+                self.peak = crate::memory::reported_peak("head", text).or(self.peak);
+            }
             let mut line = line.to_vec();
             if line.last() != Some(&b'\n') {
                 line.push(b'\n');

@@ -601,7 +601,9 @@ pub(crate) fn run(mut args: Args) -> Result<()> {
         hub,
         chosen,
     };
-    runtime.block_on(serve(head, source))
+    let result = runtime.block_on(serve(head, source));
+    crate::memory::print_peak("head");
+    result
 }
 
 /// Whether opening failed for want of a Hugging Face token.

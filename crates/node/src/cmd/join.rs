@@ -119,9 +119,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(member(args, join, device, chosen));
-    if let Some(peak) = daisy_engine::peak_rss_bytes() {
-        eprintln!("join: peak RSS {peak} bytes");
-    }
+    crate::memory::print_peak("join");
     result
 }
 
