@@ -10,6 +10,7 @@ mod backend;
 mod conversation;
 mod error;
 mod lap;
+mod notes;
 mod open;
 mod stages;
 mod stop;
@@ -21,6 +22,7 @@ pub use error::{Context, Error, Result};
 pub use lap::{
     Hop, LapHeader, LocalRing, Member, Sent, receive_at_head, returned, send, sha256_f32,
 };
+pub use notes::{name_notes, note};
 pub use open::{Encoder, Opened, Prompt, open, tokenizer_of};
 pub use stages::{
     MaxResident, check_max_resident, check_stages, load_layers, load_stage, load_stages,

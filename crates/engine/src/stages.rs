@@ -69,7 +69,7 @@ pub fn load_layers(
             let path = path()?;
             let (stage, reused) =
                 Stage::load_streamed(source, cfg, layers.clone(), head, precision, &path)?;
-            eprintln!(
+            crate::note(format_args!(
                 "layers {layers:?} stream from {} ({}), {MAX_LIVE_LAYERS} live at a time",
                 path.display(),
                 if reused {
@@ -77,7 +77,7 @@ pub fn load_layers(
                 } else {
                     "written now"
                 }
-            );
+            ));
             stage
         }
         _ if keep && precision.is_int8() && layers.len() >= 2 => {
@@ -86,23 +86,25 @@ pub fn load_layers(
             if let Some(stage) =
                 Stage::load_mapped(source, cfg, layers.clone(), head, precision, &path)?
             {
-                eprintln!(
+                crate::note(format_args!(
                     "layers {layers:?} read from {} in {:.3}s (the shard was there already)",
                     path.display(),
                     t0.elapsed().as_secs_f64()
-                );
+                ));
                 return Ok(stage);
             }
             let stage = Stage::load(source, cfg, layers.clone(), head, precision)?;
             let t0 = std::time::Instant::now();
             match stage.write_shard(&path) {
-                Ok(()) => eprintln!(
+                Ok(()) => crate::note(format_args!(
                     "layers {layers:?} written to {} in {:.2}s, for the next start",
                     path.display(),
                     t0.elapsed().as_secs_f64()
-                ),
+                )),
                 // The stage runs as it is; only the next start is slower.
-                Err(e) => eprintln!("layers {layers:?} not kept for the next start: {e}"),
+                Err(e) => crate::note(format_args!(
+                    "layers {layers:?} not kept for the next start: {e}"
+                )),
             }
             stage
         }
@@ -159,11 +161,11 @@ pub fn warm_up(backend: &Arc<dyn Backend>, what: &str) -> Result<()> {
     let warmed = daisy_wgsl::warm_up(&**backend)
         .context(|| format!("{what}: warming up {}", backend.name()))?;
     if !warmed.is_zero() {
-        eprintln!(
+        crate::note(format_args!(
             "{what}: kept {} busy for {} ms to raise its clock",
             backend.name(),
             warmed.as_millis()
-        );
+        ));
     }
     Ok(())
 }
@@ -185,9 +187,9 @@ fn run_layers_on_device(stage: &mut Stage, backend: &Arc<dyn Backend>) -> Result
         Ok(None) => {}
         // The device's float arithmetic is not the CPU's: its products (integers, audited) are
         // still used, the steps between them stay on the CPU.
-        Err(daisy_wgsl::Error::FloatGate(m)) => {
-            eprintln!("{m}: the stage's layers stay on the CPU, its products on the GPU")
-        }
+        Err(daisy_wgsl::Error::FloatGate(m)) => crate::note(format_args!(
+            "{m}: the stage's layers stay on the CPU, its products on the GPU"
+        )),
         Err(e) => return Err(e.into()),
     }
     Ok(())

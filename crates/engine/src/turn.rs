@@ -139,12 +139,12 @@ impl TextStream<'_> {
         let tokenizer = &self.opened.tokenizer;
         if !self.noted && tokenizer.id_to_token(id).is_none() {
             self.noted = true;
-            eprintln!(
-                "note: the model generated token id {id}, which its tokenizer does not define \
+            crate::note(format_args!(
+                "the model generated token id {id}, which its tokenizer does not define \
                  ({} ids; the model's vocabulary has {} rows): it adds no text",
                 tokenizer.vocab_size(),
                 self.opened.config().vocab_size
-            );
+            ));
         }
         self.pending.push(id);
         let text = tokenizer.decode_generated(&self.pending, true);

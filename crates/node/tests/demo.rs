@@ -147,6 +147,19 @@ fn the_demo_passes_on_whole_lines_in_the_order_they_were_written() {
             answer.trim().len() > 10,
             "run {run}: the answer is not between the turn's line and its summary:\n{shown}"
         );
+        // Outside the answer every line says whose it is, the engine's notes too (a shard read,
+        // the backend chosen): the head's and the demo's by their names, a member's by its stage
+        // and then its command's.
+        for line in lines[..=turn].iter().chain(&lines[summary..]) {
+            let own = ["head: ", "demo: "].iter().any(|t| line.starts_with(t))
+                || ["[stage-1] join: ", "[stage-2] join: "]
+                    .iter()
+                    .any(|t| line.starts_with(t));
+            assert!(
+                own,
+                "run {run}: a line that does not say whose it is: {line:?}\n{shown}"
+            );
+        }
     }
 }
 

@@ -554,6 +554,7 @@ async fn member_session(
 }
 
 pub(crate) fn run(mut args: Args) -> Result<()> {
+    daisy_engine::name_notes("head");
     let opts = args.generate.turn_options();
     opts.check()?;
     daisy_engine::check_max_resident(args.residency.max_resident_layers)?;
@@ -1136,7 +1137,7 @@ impl Ring<'_> {
                 let stage = crate::memory::loading(|| {
                     load_stage(opened, plan, 0, precision, backend, max, keep)
                 })?;
-                daisy_engine::warm_up(backend, "head")?;
+                daisy_engine::warm_up(backend, "its layers")?;
                 if stage.is_streamed() {
                     crate::memory::streaming();
                 }

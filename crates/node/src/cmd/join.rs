@@ -101,6 +101,7 @@ fn read_join(args: &Args) -> Result<JoinUrl> {
 }
 
 pub(crate) fn run(args: Args) -> Result<()> {
+    daisy_engine::name_notes("join");
     daisy_engine::check_max_resident(args.residency.max_resident_layers)?;
     let join = read_join(&args)?;
     let device = args

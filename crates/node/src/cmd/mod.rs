@@ -69,7 +69,7 @@ pub(crate) fn backend(choice: BackendChoice) -> anyhow::Result<ChosenBackend> {
     };
     let chosen = choose_backend(choice, listed.as_deref())?;
     if choice == BackendChoice::Auto {
-        eprintln!("{}", chosen.reason);
+        daisy_engine::note(format_args!("{}", chosen.reason));
     }
     Ok(chosen)
 }
