@@ -456,7 +456,8 @@ pub struct TurnReport {
     pub params: usize,
     /// The process's peak resident memory so far (`VmHWM`).
     pub peak_rss_bytes: Option<u64>,
-    /// The peak when loading had ended (`node run` sets it; load and turn are then told apart).
+    /// The peak when loading had ended (`node run` and the ring's head set it: load and turn are
+    /// then told apart).
     pub load_peak_rss_bytes: Option<u64>,
     /// Resident memory when the turn ended (`VmRSS`): the steady state.
     pub rss_bytes: Option<u64>,

@@ -97,6 +97,14 @@ pub(crate) fn print_peak(tag: &str) {
     }
 }
 
+/// `", peak RSS so far 57.8 MB"` for the end of a line that says a load is done (the peak during
+/// loading, apart from the one at exit); empty where the system does not say.
+pub(crate) fn peak_so_far() -> String {
+    daisy_engine::peak_rss_bytes()
+        .map(|b| format!(", peak RSS so far {:.1} MB", b as f64 / 1e6))
+        .unwrap_or_default()
+}
+
 /// The peak in a line [`print_peak`] wrote under `tag`, in bytes.
 pub(crate) fn reported_peak(tag: &str, line: &str) -> Option<u64> {
     line.trim_end()

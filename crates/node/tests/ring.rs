@@ -449,6 +449,16 @@ fn check_ring_matches_one_process_at(
     );
     assert_eq!(report["devices"].as_array().unwrap().len(), n_members + 1);
     assert_eq!(report["path"], path);
+    // The head's memory told apart: the peak when its layers had loaded, at most the peak since
+    // (Verify's unsplit run loads every layer after it).
+    let (load, peak) = (
+        report["load_peak_rss_bytes"].as_u64(),
+        report["peak_rss_bytes"].as_u64(),
+    );
+    assert!(
+        load.is_some_and(|l| l > 0 && Some(l) <= peak),
+        "load peak {load:?}, peak {peak:?}"
+    );
     // The mutation: another split's hops are not these (the comparison can fail).
     let other: Vec<usize> = {
         let n: Vec<usize> = stages.split(',').map(|s| s.parse().unwrap()).collect();

@@ -954,6 +954,8 @@ struct Ring<'a> {
     fingerprint: Fingerprint,
     plan: Plan,
     head: Option<Stage>,
+    /// The head's peak resident memory when it had loaded its layers last.
+    load_peak: Option<u64>,
     /// Stage i + 1 of the plan.
     members: Vec<Member>,
     /// Members left out or dropped, and why.
@@ -1143,9 +1145,11 @@ impl Ring<'_> {
                 }
                 Ok::<_, anyhow::Error>(stage)
             })?;
+            self.load_peak = daisy_engine::peak_rss_bytes();
             eprintln!(
-                "head: loaded its layers {want:?} in {:.2}s",
-                t0.elapsed().as_secs_f64()
+                "head: loaded its layers {want:?} in {:.2}s{}",
+                t0.elapsed().as_secs_f64(),
+                crate::memory::peak_so_far()
             );
             self.head = Some(stage);
         }
@@ -1975,17 +1979,20 @@ impl Ring<'_> {
         }
         if stdout_json {
             let report = RingReport {
-                turn: TurnReport::of(
-                    opened,
-                    &self.plan,
-                    head,
-                    self.chosen.adapter.clone(),
-                    opts.path,
-                    prompt_ids.clone(),
-                    generated,
-                    &hops,
-                    verified,
-                ),
+                turn: TurnReport {
+                    load_peak_rss_bytes: self.load_peak,
+                    ..TurnReport::of(
+                        opened,
+                        &self.plan,
+                        head,
+                        self.chosen.adapter.clone(),
+                        opts.path,
+                        prompt_ids.clone(),
+                        generated,
+                        &hops,
+                        verified,
+                    )
+                },
                 turn_id: turn,
                 replays,
                 kept_positions: continued.kept,
@@ -2379,6 +2386,7 @@ async fn drive(
         fingerprint: Fingerprint(opened.checkpoint.fingerprint()),
         plan,
         head: None,
+        load_peak: None,
         members,
         excluded,
         events,

@@ -919,9 +919,10 @@ fn load(
     daisy_engine::onto_backend(&mut stage, backend, &what)?;
     daisy_engine::warm_up(backend, &what)?;
     eprintln!(
-        "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s",
+        "join: fetched {} bytes of {model} and built layers {layers:?} in {:.2}s{}",
         client.fetched(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        crate::memory::peak_so_far()
     );
     Ok(stage)
 }
