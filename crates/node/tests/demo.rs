@@ -133,6 +133,11 @@ fn the_demo_passes_on_whole_lines_in_the_order_they_were_written() {
                 }
             }
         }
+        // The demo starts a member once the one before it is in: `stage-i` holds stage i.
+        for i in 1..=2 {
+            let plan = format!("head: stage {i} = stage-{i} holds layers ");
+            assert!(shown.contains(&plan), "run {run}: no `{plan}` in\n{shown}");
+        }
         let lines: Vec<&str> = shown.lines().collect();
         let turn = lines
             .iter()

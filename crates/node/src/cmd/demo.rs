@@ -38,6 +38,9 @@ pub(crate) struct Args {
     format: FormatArgs,
 }
 
+/// How long the demo waits for the head to admit a member before it starts the next anyway.
+const ADMISSION_WAIT: Duration = Duration::from_secs(60);
+
 /// Children killed when dropped, so none outlives the demo.
 /// The ring's processes, each until it has been reaped.
 struct Children(Vec<(String, Option<Child>)>);
@@ -261,7 +264,21 @@ pub(crate) fn run(args: Args) -> Result<()> {
                 peak
             }),
         ));
-        children.0.push((name, Some(member)));
+        children.0.push((name.clone(), Some(member)));
+        let member = children
+            .0
+            .last_mut()
+            .and_then(|c| c.1.as_mut())
+            .expect("pushed");
+        // The head gives stages in the order it admits members: the next starts once this one is
+        // in, so that `stage-i` holds stage i.
+        let admitted =
+            head_out.until_logged(&super::head::joined(&name), ADMISSION_WAIT, &mut || {
+                !matches!(member.try_wait(), Ok(None))
+            })?;
+        if !admitted && let Ok(Some(status)) = member.try_wait() {
+            bail!("{name} stopped before the head admitted it ({status})");
+        }
     }
     // The answer streams token by token: pass on whatever the head writes, as it comes.
     head_out.pass_on()?;
@@ -348,6 +365,8 @@ struct HeadOutput {
     log: Vec<u8>,
     /// The peak resident memory the head reported in its log as it exited.
     peak: Option<u64>,
+    /// Log lines passed on since [`HeadOutput::until_logged`] last looked.
+    seen: Vec<String>,
 }
 
 impl HeadOutput {
@@ -372,6 +391,7 @@ impl HeadOutput {
             passing: false,
             log: Vec::new(),
             peak: None,
+            seen: Vec::new(),
         })
     }
 
@@ -387,21 +407,48 @@ impl HeadOutput {
                 self.pass_on()?;
                 return Ok(None);
             }
-            self.pump()?;
+            self.pump(None)?;
         }
     }
 
     /// Pass on both until the head closes them (it exits).
     fn pass_on(&mut self) -> Result<()> {
         while self.out_open || self.err_open {
-            self.pump()?;
+            self.pump(None)?;
+            // Nobody waits for a line any more.
+            self.seen.clear();
         }
         Ok(())
     }
 
-    /// Wait until either pipe has something (or ends), then read the log, then stdout, and pass on
-    /// what came in the order the type describes.
-    fn pump(&mut self) -> Result<()> {
+    /// Pass on both until the head has logged a line that starts with `start`, its log has ended,
+    /// `within` has passed, or `gone` says there is nothing to wait for (looked at every 100 ms);
+    /// whether it logged it.
+    fn until_logged(
+        &mut self,
+        start: &str,
+        within: Duration,
+        gone: &mut dyn FnMut() -> bool,
+    ) -> Result<bool> {
+        let deadline = Instant::now() + within;
+        loop {
+            if std::mem::take(&mut self.seen)
+                .iter()
+                .any(|l| l.starts_with(start))
+            {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !self.err_open || left.is_zero() || gone() {
+                return Ok(false);
+            }
+            self.pump(Some(left.min(Duration::from_millis(100))))?;
+        }
+    }
+
+    /// Wait until either pipe has something (or ends, or `wait` has passed), then read the log,
+    /// then stdout, and pass on what came in the order the type describes.
+    fn pump(&mut self, wait: Option<Duration>) -> Result<()> {
         let mut fds: Vec<libc::pollfd> = [
             (self.out_open, self.out.as_raw_fd()),
             (self.err_open, self.err.as_raw_fd()),
@@ -415,8 +462,11 @@ impl HeadOutput {
         })
         .collect();
         let n = libc::nfds_t::try_from(fds.len()).expect("two at most");
+        let timeout = wait.map_or(-1, |w| {
+            libc::c_int::try_from(w.as_millis().max(1)).unwrap_or(libc::c_int::MAX)
+        });
         // SAFETY: `fds` holds `n` initialized pollfds and lives across the call.
-        if unsafe { libc::poll(fds.as_mut_ptr(), n, -1) } < 0 {
+        if unsafe { libc::poll(fds.as_mut_ptr(), n, timeout) } < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() == std::io::ErrorKind::Interrupted {
                 return Ok(());
@@ -461,6 +511,7 @@ impl HeadOutput {
             // One write a line: stderr's lock keeps a member's line (`eprintln!`) out of it.
             if let Ok(text) = std::str::from_utf8(line) {
                 self.peak = crate::memory::reported_peak("head", text).or(self.peak);
+                self.seen.push(text.to_string());
             }
             let mut line = line.to_vec();
             if line.last() != Some(&b'\n') {
@@ -613,5 +664,64 @@ mod tests {
         );
         head.pass_on().expect("passed on");
         assert_eq!(terminal.shown(), "head: one\nhead: two\n");
+    }
+
+    /// The demo waits for the head's line admitting a member, passing on what the head says
+    /// meanwhile; it stops waiting when the time is up, the member is gone, or the head's log
+    /// ends.
+    #[test]
+    fn the_demo_waits_for_a_member_to_be_admitted_and_no_longer_than_it_may() {
+        let (mut child, mut head, terminal) = stand_in(
+            "printf 'join: u\n'; sleep 0.3; printf 'head: waiting\n' >&2; sleep 0.3; \
+             printf 'head: stage-1 joined from 127.0.0.1\n' >&2; sleep 2; \
+             printf 'head: stage-2 joined from 127.0.0.1\n' >&2",
+        );
+        assert_eq!(
+            head.first_line().expect("read").as_deref(),
+            Some("join: u\n")
+        );
+        let joined = |d| super::super::head::joined(d);
+        let t0 = Instant::now();
+        assert!(
+            head.until_logged(&joined("stage-1"), Duration::from_secs(30), &mut || false)
+                .expect("read")
+        );
+        assert!(
+            t0.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(
+            terminal.shown(),
+            "head: waiting\nhead: stage-1 joined from 127.0.0.1\n"
+        );
+        // Not within 0.2 s (the line comes 2 s later), and never once the log has ended.
+        assert!(
+            !head
+                .until_logged(&joined("stage-2"), Duration::from_millis(200), &mut || {
+                    false
+                })
+                .expect("read")
+        );
+        // Nor once the member it waits for is gone (as a member that exited is), long before the
+        // 30 s are up.
+        let t0 = Instant::now();
+        assert!(
+            !head
+                .until_logged(&joined("stage-2"), Duration::from_secs(30), &mut || true)
+                .expect("read")
+        );
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        assert!(
+            !head
+                .until_logged(&joined("stage-3"), Duration::from_secs(30), &mut || false)
+                .expect("read")
+        );
+        child.wait().expect("sh ends");
+        assert!(
+            terminal
+                .shown()
+                .ends_with("head: stage-2 joined from 127.0.0.1\n")
+        );
     }
 }

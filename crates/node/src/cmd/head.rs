@@ -494,7 +494,7 @@ async fn member_session(
     // Counted as opening before it is announced, so a turn that starts right after the
     // announcement waits for its control link rather than running without it.
     shared.opening.fetch_add(1, Ordering::SeqCst);
-    eprintln!("head: {device} joined from {}", addr.ip());
+    eprintln!("{} {}", joined(&device), addr.ip());
     let (mut sink, mut stream) = socket.split();
     let writer = tokio::spawn(async move {
         while let Some(signal) = rx.recv().await {
@@ -2027,6 +2027,12 @@ struct Shown {
     scan: daisy_engine::StopScan,
     /// The client's receiver is gone: the turn was cancelled.
     client_gone: bool,
+}
+
+/// The start of the head's line for a member it admitted (`head: stage-1 joined from 127.0.0.1`),
+/// which `node demo` waits for before it starts the next member.
+pub(crate) fn joined(device: &str) -> String {
+    format!("head: {device} joined from")
 }
 
 /// A plan's estimate of a token's compute for people: milliseconds below a second (a small model's
