@@ -18,6 +18,7 @@
 //! refuses ends the link with that refusal. A dead peer is noticed by ICE consent freshness: the
 //! connection turns `Failed` about 2.5 s after its last packet.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
@@ -42,7 +43,7 @@ use rtc::peer_connection::transport::{
 use rtc::peer_connection::{RTCPeerConnection, RTCPeerConnectionBuilder};
 use rtc::sansio::Protocol;
 use rtc::shared::{TaggedBytesMut, TransportContext, TransportProtocol};
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::{Mutex, mpsc, oneshot, watch};
 
 /// Bytes handed to SCTP and not yet acknowledged before [`Link::send`] waits.
 pub(crate) const SEND_BUFFER_LIMIT: usize = 1 << 20;
@@ -83,6 +84,97 @@ pub(crate) const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const LINK_ATTEMPTS: u32 = 3;
 /// How often a sender waiting for room in SCTP's buffer looks again if no acknowledgement woke it.
 const SPACE_POLL: Duration = Duration::from_millis(50);
+
+/// The answers this device awaits for the links it offered: its signaling loop hands each one in
+/// ([`deliver`](Self::deliver)), the link's offering task ([`offer_until_open`]) takes it.
+#[derive(Clone, Default)]
+pub(crate) struct Answers(Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<String>>>>);
+
+impl Answers {
+    /// Await the answer to `link`'s offer about to be sent (one given up on before is no longer).
+    fn expect(&self, link: u64) -> oneshot::Receiver<String> {
+        let (tx, rx) = oneshot::channel();
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(link, tx);
+        rx
+    }
+
+    /// Hand in the answer to `link`'s offer; `false` when this device never offered `link` (an
+    /// answer that comes after its offer's last attempt was given up is dropped quietly).
+    pub(crate) fn deliver(&self, link: u64, sdp: String) -> bool {
+        let waiting = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&link);
+        match waiting {
+            Some(tx) => {
+                let _ = tx.send(sdp);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Offer `link` to `peer` until its channel opens, at most [`LINK_ATTEMPTS`] times (head and
+/// members alike): each attempt a fresh offer handed to `send` (signaling, through the head), its
+/// answer awaited in `answers` for [`ANSWER_TIMEOUT`]. An answer that comes after its attempt was
+/// given up fails the next attempt, which is then offered again.
+pub(crate) async fn offer_until_open<F>(
+    cfg: &LinkConfig,
+    answers: &Answers,
+    link: u64,
+    peer: &str,
+    mut send: impl FnMut(String) -> F,
+) -> Result<Link>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let mut attempt = 1;
+    loop {
+        let once = async {
+            let answer = answers.expect(link);
+            let (pending, sdp) = offer(cfg).await?;
+            send(sdp).await?;
+            let answer = tokio::time::timeout(ANSWER_TIMEOUT, answer)
+                .await
+                .map_err(|_| {
+                    anyhow!(
+                        "{peer} did not answer the offer within {} s",
+                        ANSWER_TIMEOUT.as_secs()
+                    )
+                })?
+                .map_err(|_| anyhow!("{peer} left before answering"))?;
+            let opened = pending.accept(&answer).await?;
+            #[cfg(feature = "test-hooks")]
+            if attempt == 1
+                && let Some(wait) = crate::test_hooks::abandon_link(peer)
+            {
+                drop(opened);
+                tokio::time::sleep(wait).await;
+                bail!("given up on purpose (a test hook)");
+            }
+            Ok::<_, anyhow::Error>(opened)
+        };
+        match once.await {
+            Ok(opened) => return Ok(opened),
+            Err(e) if attempt < LINK_ATTEMPTS => {
+                daisy_engine::note(format_args!(
+                    "link {link} to {peer}: {e:#}; offering it again"
+                ));
+                attempt += 1;
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "link {link} to {peer} did not open in {attempt} attempts"
+                )));
+            }
+        }
+    }
+}
 
 /// Where a link gathers its candidates.
 #[derive(Clone, Debug)]
@@ -1117,6 +1209,78 @@ mod tests {
         let (answering, answer) = super::answer(&cfg, &offer).await.expect("answer");
         let (a, b) = tokio::join!(offering.accept(&answer), answering.connected());
         (a.expect("offering side"), b.expect("answering side"))
+    }
+
+    /// The offer loop head and members share: an attempt whose offer cannot be sent, then one whose
+    /// answer is a stale one (it opens nothing), then one answered by a real peer, which opens.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_link_is_offered_afresh_until_it_opens_and_no_more_than_it_may() {
+        let cfg = LinkConfig {
+            bind: IpAddr::from([127, 0, 0, 1]),
+            stun: None,
+            recv_buffer: RECV_SOCKET_BUFFER,
+        };
+        let answers = Answers::default();
+        let answered = Arc::new(std::sync::Mutex::new(None::<PendingAnswer>));
+        let stale = {
+            let (_, offer) = super::offer(&cfg).await.expect("an offer");
+            let (_, answer) = super::answer(&cfg, &offer).await.expect("an answer");
+            answer
+        };
+        let mut attempts = 0;
+        let opened = offer_until_open(&cfg, &answers, 7, "peer", |sdp| {
+            attempts += 1;
+            let (cfg, answers, answered, stale) = (
+                cfg.clone(),
+                answers.clone(),
+                answered.clone(),
+                stale.clone(),
+            );
+            let attempt = attempts;
+            async move {
+                match attempt {
+                    1 => bail!("the signaling connection closed"),
+                    2 => {
+                        assert!(answers.deliver(7, stale));
+                        Ok(())
+                    }
+                    _ => {
+                        let (answering, answer) = super::answer(&cfg, &sdp).await?;
+                        *answered.lock().expect("answered") = Some(answering);
+                        assert!(answers.deliver(7, answer));
+                        Ok(())
+                    }
+                }
+            }
+        })
+        .await
+        .expect("opened on the third attempt");
+        assert_eq!(attempts, 3);
+        let answering = answered.lock().expect("answered").take().expect("answered");
+        let other = answering.connected().await.expect("the answering side");
+        opened.send(b"hello").await.expect("sent");
+        assert_eq!(
+            other.recv().await.expect("a message").expect("whole"),
+            b"hello"
+        );
+        // An answer to a link never offered is refused; every attempt failing gives up, saying so.
+        assert!(!answers.deliver(8, String::new()));
+        let mut tries = 0;
+        let e = offer_until_open(&cfg, &answers, 9, "peer", |_| {
+            tries += 1;
+            async { bail!("the signaling connection closed") }
+        })
+        .await
+        .map(|_| ())
+        .expect_err("never sent");
+        assert_eq!(tries, LINK_ATTEMPTS);
+        assert_eq!(
+            format!("{e:#}"),
+            format!(
+                "link 9 to peer did not open in {LINK_ATTEMPTS} attempts: the signaling \
+                 connection closed"
+            )
+        );
     }
 
     /// Message `i`: its own length and bytes (the last spans several 64 KiB frames).

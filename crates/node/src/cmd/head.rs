@@ -34,7 +34,7 @@ use daisy_wire::{
 };
 use futures_util::{SinkExt, StreamExt};
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
@@ -191,7 +191,7 @@ struct Shared {
     /// The WebSocket of each admitted member.
     peers: Mutex<HashMap<String, mpsc::Sender<Signal>>>,
     /// Offers the head made, waiting for their answer.
-    answers: Mutex<HashMap<u64, oneshot::Sender<String>>>,
+    answers: rtc::Answers,
     /// Links the head expects a member to offer, and where to hand them once open.
     incoming: Mutex<HashMap<u64, Arc<Incoming>>>,
     next_link: AtomicU64,
@@ -251,46 +251,21 @@ impl Shared {
             .map_err(|_| anyhow!("member {device} left"))
     }
 
-    /// Offer link `link` to `device` (the head sending on it) and wait for it to open, with a fresh
-    /// offer up to [`rtc::LINK_ATTEMPTS`] times (a lost handshake packet can fail one attempt).
+    /// Offer link `link` to `device` (the head sending on it) and wait for it to open (see
+    /// [`rtc::offer_until_open`]).
     async fn offer_to(&self, device: &str, role: Role, link: u64) -> Result<Link> {
-        let mut attempt = 1;
-        loop {
-            match self.offer_once(device, role, link).await {
-                Ok(l) => return Ok(l),
-                Err(e) if attempt < rtc::LINK_ATTEMPTS => {
-                    eprintln!("head: link {link} to {device}: {e:#}; offering it again");
-                    attempt += 1;
-                }
-                Err(e) => return Err(e.context(format!("link {link}, {attempt} attempts"))),
-            }
-        }
-    }
-
-    async fn offer_once(&self, device: &str, role: Role, link: u64) -> Result<Link> {
-        let (tx, rx) = oneshot::channel();
-        self.answers.lock().expect("answers lock").insert(link, tx);
-        let (pending, sdp) = rtc::offer(&self.cfg).await?;
-        self.signal(
-            device,
-            Signal::Offer {
-                link,
-                peer: HEAD.to_string(),
-                role,
-                sdp,
-            },
-        )
-        .await?;
-        let answer = tokio::time::timeout(rtc::ANSWER_TIMEOUT, rx)
-            .await
-            .map_err(|_| {
-                anyhow!(
-                    "member {device} did not answer the offer within {} s",
-                    rtc::ANSWER_TIMEOUT.as_secs()
-                )
-            })?
-            .map_err(|_| anyhow!("member {device} left before answering"))?;
-        pending.accept(&answer).await
+        rtc::offer_until_open(&self.cfg, &self.answers, link, device, |sdp| {
+            self.signal(
+                device,
+                Signal::Offer {
+                    link,
+                    peer: HEAD.to_string(),
+                    role,
+                    sdp,
+                },
+            )
+        })
+        .await
     }
 
     /// Relay one signal from member `from`, or take it when it is addressed to the head.
@@ -352,10 +327,9 @@ impl Shared {
                 Ok(())
             }
             Signal::Answer { link, peer, sdp } if peer == HEAD => {
-                let Some(done) = self.answers.lock().expect("answers lock").remove(&link) else {
+                if !self.answers.deliver(link, sdp) {
                     bail!("member {from} answered link {link}, which the head did not offer");
-                };
-                let _ = done.send(sdp);
+                }
                 Ok(())
             }
             Signal::Offer {
@@ -669,7 +643,7 @@ async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>)
             recv_buffer: rtc::RECV_SOCKET_BUFFER,
         },
         peers: Mutex::new(HashMap::new()),
-        answers: Mutex::new(HashMap::new()),
+        answers: rtc::Answers::default(),
         incoming: Mutex::new(HashMap::new()),
         next_link: AtomicU64::new(0),
         opening: AtomicU64::new(0),

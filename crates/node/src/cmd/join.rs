@@ -21,14 +21,13 @@ use daisy_wire::{
     Assignment, DeviceId, ErrorReport, Fingerprint, GemmRate, Hello, HopRecord, Message,
     PROTOCOL_VERSION, Placement, ProbeResult, Progress, Ready, StageTimes, Text, TurnStart,
 };
-use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use super::options::{ComputeArgs, KeepArgs, ResidencyArgs};
 use crate::control;
-use crate::rtc::{self, Link, LinkConfig, PendingOffer};
+use crate::rtc::{self, Link, LinkConfig};
 use daisy_signal::{JoinUrl, Role, Secret, Signal};
 
 #[derive(clap::Args)]
@@ -205,7 +204,7 @@ async fn member(
         let ws_tx = ws_tx.clone();
         tokio::spawn(async move {
             let mut control_tx = Some(control_tx);
-            let pending: Offered = Arc::default();
+            let answers = rtc::Answers::default();
             loop {
                 let signal = match stream.next().await {
                     None | Some(Ok(WsMessage::Close(_))) | Some(Err(_)) => break,
@@ -261,47 +260,36 @@ async fn member(
                         });
                     }
                     Signal::Connect { link, peer } => {
-                        let offer = OfferLink {
-                            cfg: cfg.clone(),
-                            pending: pending.clone(),
-                            ws: ws_tx.clone(),
-                            ring: ring_tx.clone(),
-                        };
-                        offer.send(link, peer, 1).await;
+                        let (cfg, answers, ws, ring) =
+                            (cfg.clone(), answers.clone(), ws_tx.clone(), ring_tx.clone());
+                        tokio::spawn(async move {
+                            let opened =
+                                rtc::offer_until_open(&cfg, &answers, link, &peer, |sdp| {
+                                    let offer = Signal::Offer {
+                                        link,
+                                        peer: peer.clone(),
+                                        role: Role::Ring,
+                                        sdp,
+                                    };
+                                    let ws = ws.clone();
+                                    async move {
+                                        ws.send(offer)
+                                            .await
+                                            .map_err(|_| anyhow!("the signaling connection closed"))
+                                    }
+                                })
+                                .await;
+                            let _ = ring
+                                .send((link, peer, opened.map_err(|e| format!("{e:#}"))))
+                                .await;
+                        });
                     }
                     Signal::Answer { link, sdp, .. } => {
-                        let taken = pending.lock().expect("offers lock").remove(&link);
-                        let Some((offering, peer, attempt)) = taken else {
+                        if !answers.deliver(link, sdp) {
                             eprintln!(
                                 "join: an answer for link {link}, which this device did not offer"
                             );
-                            continue;
-                        };
-                        let offer = OfferLink {
-                            cfg: cfg.clone(),
-                            pending: pending.clone(),
-                            ws: ws_tx.clone(),
-                            ring: ring_tx.clone(),
-                        };
-                        tokio::spawn(async move {
-                            match offering.accept(&sdp).await {
-                                #[cfg(feature = "test-hooks")]
-                                Ok(l)
-                                    if let Some(wait) = (attempt == 1)
-                                        .then(|| crate::test_hooks::abandon_link(&peer))
-                                        .flatten() =>
-                                {
-                                    drop(l);
-                                    tokio::time::sleep(wait).await;
-                                    let e = anyhow!("given up on purpose (a test hook)");
-                                    offer.failed(link, peer, attempt, e).await;
-                                }
-                                Ok(l) => {
-                                    let _ = offer.ring.send((link, peer, Ok(l))).await;
-                                }
-                                Err(e) => offer.failed(link, peer, attempt, e).await,
-                            }
-                        });
+                        }
                     }
                     other => eprintln!("join: unexpected signal {other:?}"),
                 }
@@ -363,76 +351,6 @@ const REPORT_GRACE: Duration = Duration::from_secs(3);
 /// A ring link by its signaling id, with the device at its other end: the link, or why it did not
 /// open.
 type RingLink = (u64, String, Result<Link, String>);
-
-/// The links this device offered and awaits an answer for: the offer, the peer, which attempt.
-type Offered = Arc<std::sync::Mutex<HashMap<u64, (PendingOffer, String, u32)>>>;
-
-/// What offering one ring link needs: a fresh offer each attempt, sent through the head.
-#[derive(Clone)]
-struct OfferLink {
-    cfg: LinkConfig,
-    pending: Offered,
-    ws: mpsc::Sender<Signal>,
-    ring: mpsc::Sender<RingLink>,
-}
-
-impl OfferLink {
-    /// Offer `link` to `peer` (attempt `attempt`), and give the attempt up if no answer comes
-    /// within [`rtc::ANSWER_TIMEOUT`]. (Boxed: the task that waits for the answer offers again
-    /// through this.)
-    fn send(&self, link: u64, peer: String, attempt: u32) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            match rtc::offer(&self.cfg).await {
-                Ok((offering, sdp)) => {
-                    self.pending
-                        .lock()
-                        .expect("offers lock")
-                        .insert(link, (offering, peer.clone(), attempt));
-                    let offer = Signal::Offer {
-                        link,
-                        peer,
-                        role: Role::Ring,
-                        sdp,
-                    };
-                    let _ = self.ws.send(offer).await;
-                    let waiting = self.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(rtc::ANSWER_TIMEOUT).await;
-                        let expired = {
-                            let mut pending = waiting.pending.lock().expect("offers lock");
-                            match pending.get(&link) {
-                                Some((_, _, a)) if *a == attempt => pending.remove(&link),
-                                _ => None,
-                            }
-                        };
-                        if let Some((_, peer, _)) = expired {
-                            let e = anyhow!(
-                                "no answer to the offer within {} s",
-                                rtc::ANSWER_TIMEOUT.as_secs()
-                            );
-                            waiting.failed(link, peer, attempt, e).await;
-                        }
-                    });
-                }
-                Err(e) => {
-                    let why = format!("offering link {link} to {peer}: {e:#}");
-                    let _ = self.ring.send((link, peer, Err(why))).await;
-                }
-            }
-        })
-    }
-
-    /// Attempt `attempt` at `link` failed: offer it again, or after [`rtc::LINK_ATTEMPTS`] say why.
-    async fn failed(&self, link: u64, peer: String, attempt: u32, e: anyhow::Error) {
-        if attempt < rtc::LINK_ATTEMPTS {
-            eprintln!("join: link {link}: {e:#}; offering it again");
-            self.send(link, peer, attempt + 1).await;
-        } else {
-            let why = format!("link {link} to {peer} did not open in {attempt} attempts: {e:#}");
-            let _ = self.ring.send((link, peer, Err(why))).await;
-        }
-    }
-}
 
 fn truncate(s: &str, n: usize) -> String {
     let clean: String = s.chars().filter(|c| !c.is_control()).collect();
