@@ -88,47 +88,61 @@ const SPACE_POLL: Duration = Duration::from_millis(50);
 /// The answers this device awaits for the links it offered: its signaling loop hands each one in
 /// ([`deliver`](Self::deliver)), the link's offering task ([`offer_until_open`]) takes it.
 #[derive(Clone, Default)]
-pub(crate) struct Answers(Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<String>>>>);
+pub(crate) struct Answers(Arc<std::sync::Mutex<HashMap<u64, Awaited>>>);
+
+/// The attempt at a link whose answer is awaited, and where it goes.
+type Awaited = (u32, oneshot::Sender<String>);
+
+/// What became of an answer handed to [`Answers::deliver`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Delivered {
+    /// Its attempt awaited it.
+    Taken,
+    /// Its attempt was given up; a later one, or none, awaits its own answer.
+    Late,
+    /// This device made no such attempt at that link.
+    NotOffered,
+}
 
 impl Answers {
-    /// Await the answer to `link`'s offer about to be sent (one given up on before is no longer).
-    fn expect(&self, link: u64) -> oneshot::Receiver<String> {
+    /// Await the answer to attempt `attempt` at `link` (an earlier attempt's no longer counts).
+    fn expect(&self, link: u64, attempt: u32) -> oneshot::Receiver<String> {
         let (tx, rx) = oneshot::channel();
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(link, tx);
+            .insert(link, (attempt, tx));
         rx
     }
 
-    /// Hand in the answer to `link`'s offer; `false` when this device never offered `link` (an
-    /// answer that comes after its offer's last attempt was given up is dropped quietly).
-    pub(crate) fn deliver(&self, link: u64, sdp: String) -> bool {
-        let waiting = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&link);
-        match waiting {
-            Some(tx) => {
-                let _ = tx.send(sdp);
-                true
+    /// Hand in the answer to attempt `attempt` at `link`.
+    pub(crate) fn deliver(&self, link: u64, attempt: u32, sdp: String) -> Delivered {
+        let mut waiting = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match waiting.get(&link).map(|w| w.0) {
+            Some(current) if current == attempt => {
+                let (_, tx) = waiting.remove(&link).expect("looked up");
+                // Its attempt may have been given up this instant: then it is late all the same.
+                match tx.send(sdp) {
+                    Ok(()) => Delivered::Taken,
+                    Err(_) => Delivered::Late,
+                }
             }
-            None => false,
+            Some(current) if (1..current).contains(&attempt) => Delivered::Late,
+            _ => Delivered::NotOffered,
         }
     }
 }
 
 /// Offer `link` to `peer` until its channel opens, at most [`LINK_ATTEMPTS`] times (head and
-/// members alike): each attempt a fresh offer handed to `send` (signaling, through the head), its
-/// answer awaited in `answers` for [`ANSWER_TIMEOUT`]. An answer that comes after its attempt was
-/// given up fails the next attempt, which is then offered again.
+/// members alike): each attempt a fresh offer handed to `send` with its number (signaling, through
+/// the head), its answer awaited in `answers` for [`ANSWER_TIMEOUT`]; an answer to an attempt given
+/// up is dropped ([`Delivered::Late`]).
 pub(crate) async fn offer_until_open<F>(
     cfg: &LinkConfig,
     answers: &Answers,
     link: u64,
     peer: &str,
-    mut send: impl FnMut(String) -> F,
+    mut send: impl FnMut(String, u32) -> F,
 ) -> Result<Link>
 where
     F: std::future::Future<Output = Result<()>>,
@@ -136,9 +150,9 @@ where
     let mut attempt = 1;
     loop {
         let once = async {
-            let answer = answers.expect(link);
+            let answer = answers.expect(link, attempt);
             let (pending, sdp) = offer(cfg).await?;
-            send(sdp).await?;
+            send(sdp, attempt).await?;
             let answer = tokio::time::timeout(ANSWER_TIMEOUT, answer)
                 .await
                 .map_err(|_| {
@@ -1212,7 +1226,8 @@ mod tests {
     }
 
     /// The offer loop head and members share: an attempt whose offer cannot be sent, then one whose
-    /// answer is a stale one (it opens nothing), then one answered by a real peer, which opens.
+    /// answer is a stale one (it opens nothing), then one answered by a real peer, which opens — an
+    /// answer to an attempt given up, coming meanwhile, is dropped rather than taken for its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_link_is_offered_afresh_until_it_opens_and_no_more_than_it_may() {
         let cfg = LinkConfig {
@@ -1228,26 +1243,29 @@ mod tests {
             answer
         };
         let mut attempts = 0;
-        let opened = offer_until_open(&cfg, &answers, 7, "peer", |sdp| {
+        let opened = offer_until_open(&cfg, &answers, 7, "peer", |sdp, attempt| {
             attempts += 1;
+            assert_eq!(attempt, attempts);
             let (cfg, answers, answered, stale) = (
                 cfg.clone(),
                 answers.clone(),
                 answered.clone(),
                 stale.clone(),
             );
-            let attempt = attempts;
             async move {
                 match attempt {
                     1 => bail!("the signaling connection closed"),
                     2 => {
-                        assert!(answers.deliver(7, stale));
+                        assert_eq!(answers.deliver(7, 2, stale), Delivered::Taken);
                         Ok(())
                     }
                     _ => {
                         let (answering, answer) = super::answer(&cfg, &sdp).await?;
                         *answered.lock().expect("answered") = Some(answering);
-                        assert!(answers.deliver(7, answer));
+                        // The first attempt's answer, late: not this attempt's.
+                        assert_eq!(answers.deliver(7, 1, stale), Delivered::Late);
+                        assert_eq!(answers.deliver(7, 4, String::new()), Delivered::NotOffered);
+                        assert_eq!(answers.deliver(7, 3, answer), Delivered::Taken);
                         Ok(())
                     }
                 }
@@ -1264,9 +1282,9 @@ mod tests {
             b"hello"
         );
         // An answer to a link never offered is refused; every attempt failing gives up, saying so.
-        assert!(!answers.deliver(8, String::new()));
+        assert_eq!(answers.deliver(8, 1, String::new()), Delivered::NotOffered);
         let mut tries = 0;
-        let e = offer_until_open(&cfg, &answers, 9, "peer", |_| {
+        let e = offer_until_open(&cfg, &answers, 9, "peer", |_, _| {
             tries += 1;
             async { bail!("the signaling connection closed") }
         })

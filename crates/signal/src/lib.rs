@@ -63,17 +63,21 @@ pub enum Signal {
     Refused { reason: String },
     /// Head → member: open link `link` to `peer`, this member sending on it.
     Connect { link: u64, peer: String },
-    /// A session offer for link `link`; `peer` is the other end (the addressee when a member sends
-    /// it, the sender when the head relays it).
+    /// A session offer for link `link`, its offerer's `attempt`-th (from 1; each attempt is a fresh
+    /// offer); `peer` is the other end (the addressee when a member sends it, the sender when the
+    /// head relays it).
     Offer {
         link: u64,
+        attempt: u32,
         peer: String,
         role: Role,
         sdp: String,
     },
-    /// The answer to an offer, `peer` read the same way.
+    /// The answer to attempt `attempt` of link `link`'s offer, `peer` read the same way: an answer
+    /// that comes after its attempt was given up is told from the next attempt's.
     Answer {
         link: u64,
+        attempt: u32,
         peer: String,
         sdp: String,
     },
@@ -247,6 +251,24 @@ mod tests {
         assert!(matches!(
             Signal::parse(&"x".repeat(MAX_SIGNAL_BYTES + 1)),
             Err(Error::TooLarge { .. })
+        ));
+    }
+
+    /// An answer names the attempt it answers, as its offer did; one without is refused.
+    #[test]
+    fn offers_and_answers_carry_their_attempt() {
+        let answer = Signal::Answer {
+            link: 3,
+            attempt: 2,
+            peer: "head".into(),
+            sdp: "{}".into(),
+        };
+        assert_eq!(Signal::parse(&answer.to_json()).unwrap(), answer);
+        assert!(Signal::parse(r#"{"type":"answer","link":3,"peer":"head","sdp":"{}"}"#).is_err());
+        let offer = r#"{"type":"offer","link":3,"attempt":1,"peer":"a","role":"ring","sdp":"{}"}"#;
+        assert!(matches!(
+            Signal::parse(offer).unwrap(),
+            Signal::Offer { attempt: 1, .. }
         ));
     }
 

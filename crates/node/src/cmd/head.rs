@@ -254,11 +254,12 @@ impl Shared {
     /// Offer link `link` to `device` (the head sending on it) and wait for it to open (see
     /// [`rtc::offer_until_open`]).
     async fn offer_to(&self, device: &str, role: Role, link: u64) -> Result<Link> {
-        rtc::offer_until_open(&self.cfg, &self.answers, link, device, |sdp| {
+        rtc::offer_until_open(&self.cfg, &self.answers, link, device, |sdp, attempt| {
             self.signal(
                 device,
                 Signal::Offer {
                     link,
+                    attempt,
                     peer: HEAD.to_string(),
                     role,
                     sdp,
@@ -273,6 +274,7 @@ impl Shared {
         match signal {
             Signal::Offer {
                 link,
+                attempt: offered,
                 peer,
                 role: Role::Ring,
                 sdp,
@@ -306,6 +308,7 @@ impl Shared {
                     from,
                     Signal::Answer {
                         link,
+                        attempt: offered,
                         peer: HEAD.to_string(),
                         sdp: answer,
                     },
@@ -326,14 +329,30 @@ impl Shared {
                 });
                 Ok(())
             }
-            Signal::Answer { link, peer, sdp } if peer == HEAD => {
-                if !self.answers.deliver(link, sdp) {
-                    bail!("member {from} answered link {link}, which the head did not offer");
+            Signal::Answer {
+                link,
+                attempt,
+                peer,
+                sdp,
+            } if peer == HEAD => match self.answers.deliver(link, attempt, sdp) {
+                rtc::Delivered::Taken => Ok(()),
+                rtc::Delivered::Late => {
+                    eprintln!(
+                        "head: member {from} answered attempt {attempt} at link {link}, which \
+                         the head had given up: dropped"
+                    );
+                    Ok(())
                 }
-                Ok(())
-            }
+                rtc::Delivered::NotOffered => {
+                    bail!(
+                        "member {from} answered attempt {attempt} at link {link}, which the head \
+                         did not offer"
+                    )
+                }
+            },
             Signal::Offer {
                 link,
+                attempt,
                 peer,
                 role: Role::Ring,
                 sdp,
@@ -342,6 +361,7 @@ impl Shared {
                     &peer,
                     Signal::Offer {
                         link,
+                        attempt,
                         peer: from.to_string(),
                         role: Role::Ring,
                         sdp,
@@ -349,11 +369,17 @@ impl Shared {
                 )
                 .await
             }
-            Signal::Answer { link, peer, sdp } => {
+            Signal::Answer {
+                link,
+                attempt,
+                peer,
+                sdp,
+            } => {
                 self.signal(
                     &peer,
                     Signal::Answer {
                         link,
+                        attempt,
                         peer: from.to_string(),
                         sdp,
                     },

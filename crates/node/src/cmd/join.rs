@@ -220,6 +220,7 @@ async fn member(
                 match signal {
                     Signal::Offer {
                         link,
+                        attempt,
                         peer,
                         role,
                         sdp,
@@ -235,6 +236,7 @@ async fn member(
                         let _ = ws_tx
                             .send(Signal::Answer {
                                 link,
+                                attempt,
                                 peer,
                                 sdp: answer,
                             })
@@ -263,10 +265,15 @@ async fn member(
                         let (cfg, answers, ws, ring) =
                             (cfg.clone(), answers.clone(), ws_tx.clone(), ring_tx.clone());
                         tokio::spawn(async move {
-                            let opened =
-                                rtc::offer_until_open(&cfg, &answers, link, &peer, |sdp| {
+                            let opened = rtc::offer_until_open(
+                                &cfg,
+                                &answers,
+                                link,
+                                &peer,
+                                |sdp, attempt| {
                                     let offer = Signal::Offer {
                                         link,
+                                        attempt,
                                         peer: peer.clone(),
                                         role: Role::Ring,
                                         sdp,
@@ -277,20 +284,26 @@ async fn member(
                                             .await
                                             .map_err(|_| anyhow!("the signaling connection closed"))
                                     }
-                                })
-                                .await;
+                                },
+                            )
+                            .await;
                             let _ = ring
                                 .send((link, peer, opened.map_err(|e| format!("{e:#}"))))
                                 .await;
                         });
                     }
-                    Signal::Answer { link, sdp, .. } => {
-                        if !answers.deliver(link, sdp) {
-                            eprintln!(
-                                "join: an answer for link {link}, which this device did not offer"
-                            );
-                        }
-                    }
+                    Signal::Answer {
+                        link, attempt, sdp, ..
+                    } => match answers.deliver(link, attempt, sdp) {
+                        rtc::Delivered::Taken => {}
+                        rtc::Delivered::Late => eprintln!(
+                            "join: an answer to attempt {attempt} at link {link}, given up: dropped"
+                        ),
+                        rtc::Delivered::NotOffered => eprintln!(
+                            "join: an answer to attempt {attempt} at link {link}, which this \
+                             device did not offer"
+                        ),
+                    },
                     other => eprintln!("join: unexpected signal {other:?}"),
                 }
             }
