@@ -211,12 +211,7 @@ pub(crate) fn raw_frames(id: u64, message: &[u8]) -> Option<Vec<Vec<u8>>> {
 /// SIGKILL this process once `done` of `total` bytes reach `$DAISY_TEST_KILL_AT_FETCHED` percent.
 pub(crate) fn kill_at(done: u64, total: u64) {
     static AT: OnceLock<Option<u64>> = OnceLock::new();
-    let at = AT.get_or_init(|| {
-        std::env::var("DAISY_TEST_KILL_AT_FETCHED")
-            .ok()?
-            .parse()
-            .ok()
-    });
+    let at = AT.get_or_init(|| number("DAISY_TEST_KILL_AT_FETCHED"));
     if let Some(at) = *at
         && done * 100 >= at * total.max(1)
     {
@@ -230,13 +225,15 @@ pub(crate) fn kill_at(done: u64, total: u64) {
     }
 }
 
+/// The number an environment variable of these hooks is set to (milliseconds, a percentage).
+fn number(var: &str) -> Option<u64> {
+    std::env::var(var).ok()?.parse().ok()
+}
+
 /// Sleep `$DAISY_TEST_SLOW_STEPS` milliseconds before each of a member's first two steps.
 pub(crate) fn slow_step() {
     static STEPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let Some(ms) = std::env::var("DAISY_TEST_SLOW_STEPS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    let Some(ms) = number("DAISY_TEST_SLOW_STEPS") else {
         return;
     };
     if STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 2 {
@@ -250,12 +247,7 @@ pub(crate) fn slow_step() {
 /// cores by a ring at full speed, could read a whole answer in one piece).
 pub(crate) fn pace_step() {
     static PACE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let pace = PACE.get_or_init(|| {
-        std::env::var("DAISY_TEST_PACE_STEPS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-    });
-    if let Some(ms) = *pace {
+    if let Some(ms) = *PACE.get_or_init(|| number("DAISY_TEST_PACE_STEPS")) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
