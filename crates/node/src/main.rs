@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", cmd::options::failure(&err));
             ExitCode::FAILURE
         }
     }

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::cmd::options::failure;
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::BytesMut;
 use daisy_wire::{
@@ -363,7 +364,7 @@ impl Outbox {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(e) => {
-                    let why = format!("{e:#}");
+                    let why = failure(&e);
                     fail(&self.failed, &self.on_error, e);
                     bail!("the link failed: {why}");
                 }
@@ -1293,7 +1294,7 @@ mod tests {
         .expect_err("never sent");
         assert_eq!(tries, LINK_ATTEMPTS);
         assert_eq!(
-            format!("{e:#}"),
+            failure(&e),
             format!(
                 "link 9 to peer did not open in {LINK_ATTEMPTS} attempts: the signaling \
                  connection closed"

@@ -38,7 +38,9 @@ use tokio::sync::{mpsc, watch};
 
 use super::api::{self, Api};
 use super::job::{Finish, Finished, Job, Picture, Sink, Streamed};
-use super::options::{ComputeArgs, FormatArgs, GenerateArgs, KeepArgs, ResidencyArgs, Switch};
+use super::options::{
+    ComputeArgs, FormatArgs, GenerateArgs, KeepArgs, ResidencyArgs, Switch, failure, failure_of,
+};
 use super::page::PageToken;
 use super::prefixes::{Prefixes, Seen};
 use super::view::SharedView;
@@ -324,7 +326,7 @@ impl Shared {
                             }
                         }
                         // The member offers again (or gives up and reports it).
-                        Err(e) => eprintln!("head: link {link} from {from}: {e:#}"),
+                        Err(e) => eprintln!("head: link {link} from {from}: {}", failure(&e)),
                     }
                 });
                 Ok(())
@@ -399,7 +401,7 @@ async fn ring_socket(
     ws.max_message_size(daisy_signal::MAX_SIGNAL_BYTES)
         .on_upgrade(move |socket| async move {
             if let Err(e) = member_session(socket, shared, addr).await {
-                eprintln!("head: {addr}: {e:#}");
+                eprintln!("head: {addr}: {}", failure(&e));
             }
         })
 }
@@ -519,7 +521,7 @@ async fn member_session(
                 Ok(link) => {
                     let _ = shared.joined.send((device, link)).await;
                 }
-                Err(e) => eprintln!("head: no control link to {device}: {e:#}"),
+                Err(e) => eprintln!("head: no control link to {device}: {}", failure(&e)),
             }
             shared.opening.fetch_sub(1, Ordering::SeqCst);
         });
@@ -538,7 +540,7 @@ async fn member_session(
         let from = device.clone();
         tokio::spawn(async move {
             if let Err(e) = shared.route(&from, signal).await {
-                eprintln!("head: signal from {from}: {e:#}");
+                eprintln!("head: signal from {from}: {}", failure(&e));
             }
         });
     };
@@ -781,7 +783,7 @@ async fn serve(head: Head, source: Option<(Source, Arc<daisy_engine::Encoder>)>)
     if let Err(e) = &result {
         view.update(|v| {
             v.state = "stopped".into();
-            v.error = Some(format!("{e:#}"));
+            v.error = Some(failure(e));
         });
     }
     server.abort();
@@ -934,7 +936,7 @@ fn watch(
                     break "its control link closed (the process stopped, or its network did)"
                         .to_string();
                 }
-                Err(e) => break format!("{e:#}"),
+                Err(e) => break failure(&e),
             };
             if events.send(event).is_err() {
                 return;
@@ -1078,7 +1080,7 @@ impl Ring<'_> {
                 control::send(&m.control, &Message::Links(links)).await
             };
             if let Err(e) = sent.await {
-                return Err(Failure::member(&m.device, format!("{e:#}")));
+                return Err(Failure::member(&m.device, failure(&e)));
             }
         }
 
@@ -1108,7 +1110,7 @@ impl Ring<'_> {
                 peer: HEAD.to_string(),
             };
             if let Err(e) = self.shared.signal(last, connect).await {
-                return Err(Failure::member(last, format!("{e:#}")));
+                return Err(Failure::member(last, failure(&e)));
             }
             for i in 0..n - 1 {
                 let link = ids[i + 1];
@@ -1117,7 +1119,7 @@ impl Ring<'_> {
                     peer: self.members[i + 1].device.clone(),
                 };
                 if let Err(e) = self.shared.signal(&self.members[i].device, connect).await {
-                    return Err(Failure::member(&self.members[i].device, format!("{e:#}")));
+                    return Err(Failure::member(&self.members[i].device, failure(&e)));
                 }
             }
             (Some(down), Some((link, slot)))
@@ -1465,7 +1467,7 @@ impl Ring<'_> {
         }
         for m in &self.members {
             if let Err(e) = control::send(&m.control, &Message::Turn(start)).await {
-                return Err(Failure::member(&m.device, format!("{e:#}")));
+                return Err(Failure::member(&m.device, failure(&e)));
             }
         }
         let mut hops = Vec::new();
@@ -1600,7 +1602,7 @@ impl Ring<'_> {
                 let left = Instant::now();
                 if let Err(e) = to_ring.send_blocking(sent.bytes) {
                     let device = first.clone().unwrap_or_default();
-                    *culprit.borrow_mut() = Some((device, format!("{e:#}")));
+                    *culprit.borrow_mut() = Some((device, failure(&e)));
                     return Err(daisy_engine::Error::Invalid("the ring is broken".into()));
                 }
                 outstanding.push_back((header, left, head_ms));
@@ -1723,7 +1725,7 @@ impl Ring<'_> {
                 v.turns += 1;
             }),
             Err(e) => {
-                let why = format!("{e:#}");
+                let why = failure(e);
                 self.shared.view.update(|v| {
                     v.state = "stopped".into();
                     v.error = Some(why.clone());
@@ -1834,7 +1836,7 @@ impl Ring<'_> {
             Some(n) => match self.measure_hops(n).await {
                 Ok(h) => Some(h),
                 Err(e) => {
-                    eprintln!("head: the hops were not timed: {e:#}");
+                    eprintln!("head: the hops were not timed: {}", failure(&e));
                     None
                 }
             },
@@ -1951,7 +1953,12 @@ impl Ring<'_> {
         };
         let conversation = self.prefixes.as_mut().and_then(|p| {
             p.record(&self.fingerprint.0, prompt_ids)
-                .map_err(|e| eprintln!("head: the conversation record was not saved: {e:#}"))
+                .map_err(|e| {
+                    eprintln!(
+                        "head: the conversation record was not saved: {}",
+                        failure(&e)
+                    )
+                })
                 .ok()
         });
         let failed = verified.as_ref().is_some_and(|v| !v.matched);
@@ -2164,7 +2171,7 @@ fn open_prefixes() -> Option<Prefixes> {
             Some(p)
         }
         Err(e) => {
-            eprintln!("head: no conversation record this run: {e:#}");
+            eprintln!("head: no conversation record this run: {}", failure(&e));
             None
         }
     }
@@ -2212,7 +2219,7 @@ async fn admit_one(
             return Ok(None);
         }
         Err(e) => {
-            eprintln!("head: {device}: {e:#}; left out");
+            eprintln!("head: {device}: {}; left out", failure(&e));
             return Ok(None);
         }
     };
@@ -2487,7 +2494,7 @@ async fn run_turns(
                     let ids = match encoder.encode(&super::run::prompt(&line, chat)) {
                         Ok(ids) => ids,
                         Err(e) => {
-                            eprintln!("head: the prompt: {e:#}");
+                            eprintln!("head: the prompt: {}", failure_of(&e));
                             continue;
                         }
                     };

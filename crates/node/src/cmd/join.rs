@@ -25,7 +25,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message as WsMessage;
 
-use super::options::{ComputeArgs, KeepArgs, ResidencyArgs};
+use super::options::{ComputeArgs, KeepArgs, ResidencyArgs, failure, failure_of};
 use crate::control;
 use crate::rtc::{self, Link, LinkConfig};
 use daisy_signal::{JoinUrl, Role, Secret, Signal};
@@ -211,7 +211,7 @@ async fn member(
                     Some(Ok(WsMessage::Text(t))) => match Signal::parse(&t) {
                         Ok(s) => s,
                         Err(e) => {
-                            eprintln!("join: {e:#}");
+                            eprintln!("join: {}", failure_of(&e));
                             break;
                         }
                     },
@@ -228,7 +228,7 @@ async fn member(
                         let (answering, answer) = match rtc::answer(&cfg, &sdp).await {
                             Ok(a) => a,
                             Err(e) => {
-                                eprintln!("join: answering link {link}: {e:#}");
+                                eprintln!("join: answering link {link}: {}", failure(&e));
                                 continue;
                             }
                         };
@@ -257,7 +257,7 @@ async fn member(
                                     }
                                 },
                                 // The offerer tries again (or gives up and says so).
-                                Err(e) => eprintln!("join: link {link}: {e:#}"),
+                                Err(e) => eprintln!("join: link {link}: {}", failure(&e)),
                             }
                         });
                     }
@@ -288,7 +288,7 @@ async fn member(
                             )
                             .await;
                             let _ = ring
-                                .send((link, peer, opened.map_err(|e| format!("{e:#}"))))
+                                .send((link, peer, opened.map_err(|e| failure(&e))))
                                 .await;
                         });
                     }
@@ -341,7 +341,7 @@ async fn member(
     };
     let result = serve_ring(&control, &backend, &source, &mut ring_rx).await;
     if let Err(e) = &result {
-        let report = Message::Error(error_report(None, &format!("{e:#}")));
+        let report = Message::Error(error_report(None, &failure(e)));
         if control::send(&control, &report).await.is_ok() {
             // A sent message is only queued: closing at once could lose it, and the head would
             // hear only that the link closed. The head closes its end once it has read it.
@@ -437,7 +437,10 @@ fn start_epoch(
     // A neighbour that dies is the head's to replan around: this member waits for the new plan
     // instead of failing.
     let out = rtc::Outbox::new(down.clone(), |e| {
-        eprintln!("join: the link to the next stage: {e:#}; waiting for a new plan")
+        eprintln!(
+            "join: the link to the next stage: {}; waiting for a new plan",
+            failure(&e)
+        )
     });
     let runner = Arc::new(std::sync::Mutex::new(Runner::new(
         epoch,
@@ -622,7 +625,7 @@ async fn serve_ring(
                             hash,
                             gemm_rate: GemmRate::new(rate)?,
                         }),
-                        Err(e) => Message::Error(error_report(None, &format!("{e:#}"))),
+                        Err(e) => Message::Error(error_report(None, &failure(&e))),
                     };
                     control::send(control, &reply).await?;
                 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::options::failure;
 use anyhow::{Context, bail};
 use axum::Router;
 use axum::body::Body;
@@ -273,7 +274,7 @@ impl Mirror {
                 hub_error(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "ServerError",
-                    &format!("{e:#}"),
+                    &failure(&e),
                 )
             })?;
             // Under the commit-changes fault every reported commit shares the real one's first 32 digits.

@@ -229,3 +229,77 @@ pub(crate) fn one_line(err: &clap::Error) -> String {
     let first = rendered.lines().next().unwrap_or("invalid command line");
     first.trim_start_matches("error: ").to_string()
 }
+
+/// A failure and its causes on one line, as `{:#}` writes them, less any cause that only repeats
+/// the end of what comes before it: some errors print their source inside their own message
+/// (`IO error: Connection refused (os error 111)`, whose source is `Connection refused (os error
+/// 111)`), which `{:#}` would then say twice.
+pub(crate) fn failure(err: &anyhow::Error) -> String {
+    said(err.chain())
+}
+
+/// [`failure`] for an error of another kind than `anyhow`'s.
+pub(crate) fn failure_of(err: &(dyn std::error::Error + 'static)) -> String {
+    said(anyhow::Chain::new(err))
+}
+
+fn said(chain: anyhow::Chain<'_>) -> String {
+    let mut line = String::new();
+    for cause in chain {
+        let said = cause.to_string();
+        if said.is_empty() || line.ends_with(&said) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&said);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{failure, failure_of};
+
+    /// An error that prints its source inside its own message, as a WebSocket client's I/O
+    /// error does.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "IO error: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_failure_says_each_cause_once() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused (111)");
+        let err = anyhow::Error::new(Wrapping(refused)).context("could not reach the head");
+        assert_eq!(
+            format!("{err:#}"),
+            "could not reach the head: IO error: refused (111): refused (111)"
+        );
+        assert_eq!(
+            failure(&err),
+            "could not reach the head: IO error: refused (111)"
+        );
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused (111)");
+        assert_eq!(failure_of(&Wrapping(refused)), "IO error: refused (111)");
+        // Causes that do not repeat each other all stay, in order.
+        let err = anyhow::anyhow!("the shard is short")
+            .context("reading layer 3")
+            .context("loading the stage");
+        assert_eq!(
+            failure(&err),
+            "loading the stage: reading layer 3: the shard is short"
+        );
+    }
+}
