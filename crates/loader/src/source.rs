@@ -35,23 +35,59 @@ pub trait ByteSource: Send + Sync {
 /// The model files are the user's: one rewritten while mapped shows its new bytes, and one cut
 /// short faults on access — as with any loader that maps its model. The Hugging Face cache never
 /// rewrites a file in place (it renames a finished download into place).
-pub struct MappedBytes(memmap2::Mmap);
+pub struct MappedBytes {
+    map: memmap2::Mmap,
+    /// The file it maps, and where in it the mapping starts ([`Self::read_at`]).
+    file: Arc<std::fs::File>,
+    offset: u64,
+    path: Arc<PathBuf>,
+}
 
 impl MappedBytes {
     pub fn bytes(&self) -> &[u8] {
-        &self.0
+        &self.map
+    }
+
+    /// Fill `out` with the bytes at `at` (of [`Self::bytes`]) by a positioned read of the file, not
+    /// through the mapping: the bytes come from the page cache, and nothing becomes resident in
+    /// this process — no page fault, and no page to give back afterwards (giving pages back
+    /// ([`Self::release`]) makes the kernel flush the other CPUs' address translations, tens of
+    /// microseconds on a virtual machine). For a few rows of a large table, one at a time.
+    pub fn read_at(&self, at: usize, out: &mut [u8]) -> Result<(), Error> {
+        // Within the mapped range (the file may be longer: the range is the caller's bound).
+        check_range(
+            &self.path.display().to_string(),
+            at as u64,
+            out.len(),
+            self.map.len() as u64,
+        )?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            self.file
+                .read_exact_at(out, self.offset + at as u64)
+                .map_err(|source| Error::Io {
+                    path: self.path.display().to_string(),
+                    source,
+                })
+        }
+        #[cfg(not(unix))]
+        {
+            out.copy_from_slice(&self.map[at..at + out.len()]);
+            Ok(())
+        }
     }
 
     /// Give the pages of `range` (of [`Self::bytes`]) back: they stop counting as resident and are
     /// read from the file again when next touched.
     pub fn release(&self, range: std::ops::Range<usize>) {
-        let end = range.end.min(self.0.len());
+        let end = range.end.min(self.map.len());
         if end > range.start {
             // SAFETY: a read-only private file mapping: MADV_DONTNEED drops its pages (those at the
             // range's edges too), and the next access reads the same file bytes again — there is
             // no anonymous data to lose.
             let _ = unsafe {
-                self.0.unchecked_advise_range(
+                self.map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,
                     range.start,
                     end - range.start,
@@ -63,7 +99,7 @@ impl MappedBytes {
 
 impl std::fmt::Debug for MappedBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MappedBytes({} bytes)", self.0.len())
+        write!(f, "MappedBytes({} bytes)", self.map.len())
     }
 }
 
@@ -75,8 +111,8 @@ impl AsRef<[u8]> for MappedBytes {
 
 /// A local file read with positional reads.
 pub struct FileSource {
-    path: PathBuf,
-    file: std::fs::File,
+    path: Arc<PathBuf>,
+    file: Arc<std::fs::File>,
     size: u64,
     #[cfg(not(unix))]
     lock: std::sync::Mutex<()>,
@@ -91,8 +127,8 @@ impl FileSource {
         let file = std::fs::File::open(path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
         Ok(FileSource {
-            path: path.to_path_buf(),
-            file,
+            path: Arc::new(path.to_path_buf()),
+            file: Arc::new(file),
             size,
             #[cfg(not(unix))]
             lock: std::sync::Mutex::new(()),
@@ -148,7 +184,13 @@ impl ByteSource for FileSource {
                 .len(len)
                 .map(&self.file)
         };
-        Some(map.map(MappedBytes).map_err(|source| Error::Io {
+        let mapped = |map| MappedBytes {
+            map,
+            file: self.file.clone(),
+            offset,
+            path: self.path.clone(),
+        };
+        Some(map.map(mapped).map_err(|source| Error::Io {
             path: self.describe(),
             source,
         }))

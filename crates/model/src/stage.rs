@@ -458,7 +458,7 @@ impl Stage {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
         let mut x = Vec::with_capacity(ids.len() * h);
-        head.embed.look_up(ids, &mut x);
+        head.embed.look_up(ids, &mut x)?;
         if let Some(wpe) = &head.wpe {
             for (r, row) in x.chunks_exact_mut(h).enumerate() {
                 let p = &wpe[(pos0 + r) * h..(pos0 + r + 1) * h];
@@ -714,6 +714,10 @@ fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Resul
     } else {
         Linear::stacked(precision, src, &[(lm_name.to_string(), v)], h, None)?
     };
+    // What the load read of a mapped table through its mapping (the tied lm_head's blocks, and the
+    // pages the kernel mapped around their edges) is given back once here: lookups read their rows
+    // from the file and keep nothing resident.
+    embed.release(0, v);
     Ok(Head {
         embed,
         wpe,

@@ -33,3 +33,29 @@ fn a_mapped_range_holds_the_bytes_a_read_gives() {
     let (_, other) = ck.map_raw("lm_head.weight").unwrap().unwrap();
     assert_ne!(other.bytes(), &bytes[..]);
 }
+
+#[test]
+fn a_mapped_range_reads_its_own_bytes_through_the_file() {
+    let path = root().join("fixtures/tiny/llama/model.safetensors");
+    let src = FileSource::open(&path).unwrap();
+    // A mapping that starts off a page boundary: a read at `at` is the file's byte `offset + at`.
+    let (offset, n) = (4099u64, 3 * 4096 + 17);
+    let map = src.map(offset, n).expect("a local file maps").unwrap();
+    for (at, len) in [(0usize, 16usize), (1000, 1152), (n - 7, 7)] {
+        let mut out = vec![0u8; len];
+        map.read_at(at, &mut out).unwrap();
+        assert_eq!(out, map.bytes()[at..at + len], "at {at}");
+        assert_eq!(
+            out,
+            src.read_at(offset + at as u64, len).unwrap(),
+            "at {at}"
+        );
+        // The mutation: the same offset in the file, not in the mapping, is other bytes.
+        assert_ne!(out, src.read_at(at as u64, len).unwrap(), "at {at}");
+    }
+    // Past the mapping's end (the file goes on) is refused, naming the file.
+    let mut out = vec![0u8; 8];
+    let e = map.read_at(n - 7, &mut out).unwrap_err();
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    assert!(map.read_at(usize::MAX, &mut out).is_err());
+}
