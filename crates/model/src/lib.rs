@@ -12,15 +12,15 @@
 /// built. Element-wise f32 and f64 work gives the same bits in every copy (no operation is fused
 /// or reordered, only run on wider registers). Use it as a function's whole body.
 macro_rules! widest_simd {
-    ($body:ident($($arg:ident: $ty:ty),* $(,)?)) => {{
+    ($body:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?) => {{
         #[cfg(target_arch = "x86_64")]
         {
             #[target_feature(enable = "avx512f")]
-            fn avx512($($arg: $ty),*) {
+            fn avx512($($arg: $ty),*) $(-> $ret)? {
                 $body($($arg),*)
             }
             #[target_feature(enable = "avx2")]
-            fn avx2($($arg: $ty),*) {
+            fn avx2($($arg: $ty),*) $(-> $ret)? {
                 $body($($arg),*)
             }
             if std::arch::is_x86_feature_detected!("avx512f") {

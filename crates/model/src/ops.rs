@@ -421,12 +421,96 @@ pub(crate) fn add_rows(x: &mut [f32], y: &[f32], cols: usize) {
 
 /// The first non-finite value in `x`, if any.
 pub(crate) fn first_non_finite(x: &[f32]) -> Option<f32> {
-    x.iter().copied().find(|v| !v.is_finite())
+    widest_simd!(first_non_finite_each(x: &[f32]) -> Option<f32>)
+}
+
+/// [`first_non_finite`]'s body: 64 values at a time looked at whole (no early exit inside, so the
+/// compiler keeps them in vector registers), the first of a block that holds one found after.
+#[inline(always)]
+fn first_non_finite_each(x: &[f32]) -> Option<f32> {
+    let mut blocks = x.chunks_exact(64);
+    for block in &mut blocks {
+        let bad = block.iter().fold(false, |bad, v| bad | !v.is_finite());
+        if bad {
+            return block.iter().copied().find(|v| !v.is_finite());
+        }
+    }
+    blocks.remainder().iter().copied().find(|v| !v.is_finite())
+}
+
+/// The largest value of `v` (NaNs passed over; `-inf` when there is none).
+pub(crate) fn max_value(v: &[f32]) -> f32 {
+    widest_simd!(max_of(v: &[f32]) -> f32)
+}
+
+/// The largest and the second-largest values of `v`, as one scan that keeps the two would find
+/// them (a value equal to the largest counts as the second; NaNs passed over; `-inf` for each one
+/// missing).
+pub(crate) fn top_two(v: &[f32]) -> (f32, f32) {
+    widest_simd!(top_two_each(v: &[f32]) -> (f32, f32))
+}
+
+#[inline(always)]
+fn top_two_each(v: &[f32]) -> (f32, f32) {
+    let mut a = [f32::NEG_INFINITY; 16];
+    let mut b = [f32::NEG_INFINITY; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for ((a, b), &x) in a.iter_mut().zip(b.iter_mut()).zip(c) {
+            let above = x > *a;
+            *b = if above {
+                *a
+            } else if x > *b {
+                x
+            } else {
+                *b
+            };
+            *a = if above { x } else { *a };
+        }
+    }
+    let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in a.iter().chain(&b).chain(chunks.remainder()) {
+        if x > first {
+            second = first;
+            first = x;
+        } else if x > second {
+            second = x;
+        }
+    }
+    (first, second)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_non_finite_value_is_the_first_a_scan_meets() {
+        for n in [0usize, 1, 63, 64, 65, 200, 49_152] {
+            let clean: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 3.0).collect();
+            assert_eq!(first_non_finite(&clean), None, "{n} values");
+            for at in [0, n / 3, n.saturating_sub(1)] {
+                if at >= n {
+                    continue;
+                }
+                for bad in [f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut v = clean.clone();
+                    v[at] = bad;
+                    // A second, later one is not the first.
+                    if at + 70 < n {
+                        v[at + 70] = f32::NAN;
+                    }
+                    assert_eq!(first_non_finite(&v), Some(bad), "{n} values, at {at}");
+                }
+                let mut v = clean.clone();
+                v[at] = f32::NAN;
+                assert!(
+                    first_non_finite(&v).is_some_and(f32::is_nan),
+                    "{n} values, at {at}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn dot_matches_f64_reference_closely() {

@@ -24,28 +24,26 @@ impl Default for Sampling {
     }
 }
 
-/// The lowest id among the largest logits.
+/// The lowest id among the largest logits (0 when there are none, or when the first is NaN: no
+/// value is larger than it).
+///
+/// The largest value first, over lanes the compiler keeps in vector registers, then the first
+/// position that holds it: the id a plain scan would keep, in a few microseconds over a vocabulary
+/// (the plain scan's compare against the best so far took tens, every token).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in logits.iter().enumerate() {
-        if *v > logits[best] {
-            best = i;
-        }
+    if logits.first().is_none_or(|v| v.is_nan()) {
+        return 0;
     }
-    best as u32
+    let max = crate::ops::max_value(logits);
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 /// The difference between the largest and second-largest logits (0 for fewer than two).
+///
+/// Each of 16 lanes keeps the two largest of its values; the top two of all are then among those
+/// 32, taken in the same way (a value equal to the largest counts as the second).
 pub fn top2_margin(logits: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in logits {
-        if v > a {
-            b = a;
-            a = v;
-        } else if v > b {
-            b = v;
-        }
-    }
+    let (a, b) = crate::ops::top_two(logits);
     if b == f32::NEG_INFINITY { 0.0 } else { a - b }
 }
 
@@ -123,6 +121,79 @@ pub fn prefill_chunks(t: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain scans the vectorized ones replace.
+    fn scan_argmax(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, v) in logits.iter().enumerate() {
+            if *v > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    fn scan_top2_margin(logits: &[f32]) -> f32 {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &v in logits {
+            if v > a {
+                b = a;
+                a = v;
+            } else if v > b {
+                b = v;
+            }
+        }
+        if b == f32::NEG_INFINITY { 0.0 } else { a - b }
+    }
+
+    #[test]
+    fn the_largest_logits_are_those_a_plain_scan_finds() {
+        let mut cases: Vec<Vec<f32>> = vec![
+            vec![],
+            vec![1.0],
+            vec![2.0, 2.0],
+            vec![f32::NEG_INFINITY; 40],
+            vec![f32::NAN, 3.0, 5.0],
+            vec![1.0, f32::NAN, 5.0, 5.0],
+        ];
+        // Lengths across the lanes' and remainders' edges, with ties (a coarse grid of values),
+        // masked entries and the largest placed early, late and in the remainder.
+        let mut z = 7u64;
+        for n in [15usize, 16, 17, 31, 33, 100, 1000, 49_152, 49_159] {
+            for _ in 0..4 {
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        z = z
+                            .wrapping_mul(6364136223846793005)
+                            .wrapping_add(1442695040888963407);
+                        match z >> 60 {
+                            0 => f32::NEG_INFINITY,
+                            r => ((z >> 40) % 64) as f32 * 0.5 - r as f32,
+                        }
+                    })
+                    .collect();
+                cases.push(v);
+            }
+        }
+        for v in &cases {
+            assert_eq!(argmax(v), scan_argmax(v), "{} values", v.len());
+            let (got, want) = (top2_margin(v), scan_top2_margin(v));
+            assert!(
+                got == want,
+                "{} values: margin {got} against {want}",
+                v.len()
+            );
+        }
+        // The mutation: the last of equal largest values is not the id.
+        let v = vec![1.0, 4.0, 2.0, 4.0];
+        assert_eq!(argmax(&v), 1);
+        assert_ne!(
+            argmax(&v) as usize,
+            v.iter().rposition(|&x| x == 4.0).unwrap()
+        );
+        assert_eq!(top2_margin(&[1.0, 4.0, 2.5, 4.0]), 0.0);
+        assert_eq!(top2_margin(&[1.0, 4.0, 2.5]), 1.5);
+    }
 
     #[test]
     fn chunks_are_even_larger_first() {
