@@ -37,8 +37,11 @@ pub trait ByteSource: Send + Sync {
 /// rewrites a file in place (it renames a finished download into place).
 pub struct MappedBytes {
     map: memmap2::Mmap,
-    /// The file it maps, and where in it the mapping starts ([`Self::read_at`]).
+    /// The file it maps, and where in it the mapping starts ([`Self::read_at`]; elsewhere than on
+    /// Unix it copies from the mapping instead).
+    #[cfg_attr(not(unix), allow(dead_code))]
     file: Arc<std::fs::File>,
+    #[cfg_attr(not(unix), allow(dead_code))]
     offset: u64,
     path: Arc<PathBuf>,
 }
@@ -161,7 +164,7 @@ impl ByteSource for FileSource {
         {
             use std::io::{Read, Seek, SeekFrom};
             let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            let mut file = &self.file;
+            let mut file: &std::fs::File = &self.file;
             file.seek(SeekFrom::Start(offset)).map_err(io)?;
             file.read_exact(&mut buf).map_err(io)?;
         }
