@@ -105,19 +105,29 @@ pub fn bf16_from_f32(value: f32) -> u16 {
 
 /// Widen little-endian `bytes` of `dtype` to f32, exactly.
 pub fn widen(dtype: DType, bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / dtype.size());
+    widen_into(dtype, bytes, &mut out);
+    out
+}
+
+/// [`widen`], appended to `out` (a table's rows one after another, with no vector of their own).
+pub fn widen_into(dtype: DType, bytes: &[u8], out: &mut Vec<f32>) {
     match dtype {
-        DType::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        DType::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| widen_f16(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
-        DType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| widen_bf16(u16::from_le_bytes([c[0], c[1]])))
-            .collect(),
+        DType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        DType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| widen_f16(u16::from_le_bytes([c[0], c[1]]))),
+        ),
+        DType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| widen_bf16(u16::from_le_bytes([c[0], c[1]]))),
+        ),
     }
 }
 

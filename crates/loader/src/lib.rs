@@ -20,7 +20,9 @@ mod source;
 pub use checkpoint::{Checkpoint, Format, TensorInfo};
 pub use config::{Arch, HiddenAct, ModelConfig};
 pub use daisy_wire::{ModelRef, RepoId, Revision};
-pub use dtype::{DType, all_finite, bf16_from_f32, check_finite, widen, widen_bf16, widen_f16};
+pub use dtype::{
+    DType, all_finite, bf16_from_f32, check_finite, widen, widen_bf16, widen_f16, widen_into,
+};
 pub use error::Error;
 pub use expected::{expected_tensors, layer_prefix, layer_tensors};
 pub use gguf::GgmlType;

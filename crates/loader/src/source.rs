@@ -59,7 +59,7 @@ impl MappedBytes {
     pub fn read_at(&self, at: usize, out: &mut [u8]) -> Result<(), Error> {
         // Within the mapped range (the file may be longer: the range is the caller's bound).
         check_range(
-            &self.path.display().to_string(),
+            || self.path.display().to_string(),
             at as u64,
             out.len(),
             self.map.len() as u64,
@@ -149,7 +149,7 @@ impl ByteSource for FileSource {
     }
 
     fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
-        check_range(&self.describe(), offset, len, self.size)?;
+        check_range(|| self.describe(), offset, len, self.size)?;
         let mut buf = vec![0u8; len];
         let io = |source| Error::Io {
             path: self.describe(),
@@ -176,7 +176,7 @@ impl ByteSource for FileSource {
     }
 
     fn map(&self, offset: u64, len: usize) -> Option<Result<MappedBytes, Error>> {
-        if let Err(e) = check_range(&self.describe(), offset, len, self.size) {
+        if let Err(e) = check_range(|| self.describe(), offset, len, self.size) {
             return Some(Err(e));
         }
         // SAFETY: a read-only mapping of the model file; `MappedBytes` says what a change to the
@@ -221,7 +221,7 @@ impl ByteSource for MemSource {
     }
 
     fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
-        check_range(&self.name, offset, len, self.bytes.len() as u64)?;
+        check_range(|| self.name.clone(), offset, len, self.bytes.len() as u64)?;
         let start = offset as usize;
         Ok(self.bytes[start..start + len].to_vec())
     }
@@ -231,11 +231,18 @@ impl ByteSource for MemSource {
     }
 }
 
-fn check_range(what: &str, offset: u64, len: usize, size: u64) -> Result<(), Error> {
+/// `offset..offset + len` within `size` bytes, or refused naming `what` (made only then: a mapped
+/// table's rows are checked once a token).
+fn check_range(
+    what: impl FnOnce() -> String,
+    offset: u64,
+    len: usize,
+    size: u64,
+) -> Result<(), Error> {
     match offset.checked_add(len as u64) {
         Some(end) if end <= size => Ok(()),
         _ => Err(Error::OutOfRange {
-            what: what.to_string(),
+            what: what(),
             offset,
             len: len as u64,
             size,

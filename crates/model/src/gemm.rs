@@ -371,6 +371,10 @@ impl Linear {
                     embed.release(r0, r1);
                     blocks.push(&rows)?;
                 }
+                // And the pages the kernel mapped around the blocks' edges (1.3 MB of SmolLM2's
+                // table stayed resident without this): lookups read rows from the file, so nothing
+                // of the table is resident once the lm_head is made.
+                embed.release(0, n);
                 blocks.into_weight()?
             }
         };

@@ -111,24 +111,6 @@ impl Table {
     }
 }
 
-/// Append one stored row widened exactly to f32.
-fn widen_row(dtype: DType, b: &[u8], out: &mut Vec<f32>) {
-    match dtype {
-        DType::F32 => out.extend(
-            b.chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
-        DType::BF16 => out.extend(
-            b.chunks_exact(2)
-                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)),
-        ),
-        DType::F16 => out.extend(
-            b.chunks_exact(2)
-                .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-        ),
-    }
-}
-
 impl Embedding {
     pub(crate) fn load(src: &dyn Source, name: &str, rows: usize, cols: usize) -> Result<Self> {
         let expected = [rows, cols];
@@ -184,7 +166,7 @@ impl Embedding {
     /// Append row `r` widened to f32 (from the mapping or the held bytes: for whole runs of rows).
     pub(crate) fn row_into(&self, r: usize, out: &mut Vec<f32>) {
         let width = self.cols * self.dtype.size();
-        widen_row(
+        daisy_loader::widen_into(
             self.dtype,
             &self.bytes.bytes()[r * width..(r + 1) * width],
             out,
@@ -202,14 +184,14 @@ impl Embedding {
             Table::Held(bytes) => {
                 for &id in ids {
                     let r = id as usize;
-                    widen_row(self.dtype, &bytes[r * width..(r + 1) * width], out);
+                    daisy_loader::widen_into(self.dtype, &bytes[r * width..(r + 1) * width], out);
                 }
             }
             Table::Mapped(m) => {
                 let mut row = vec![0u8; width];
                 for &id in ids {
                     m.read_at(id as usize * width, &mut row)?;
-                    widen_row(self.dtype, &row, out);
+                    daisy_loader::widen_into(self.dtype, &row, out);
                 }
             }
         }

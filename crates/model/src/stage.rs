@@ -714,10 +714,6 @@ fn load_head(src: &dyn Source, cfg: &ModelConfig, precision: Precision) -> Resul
     } else {
         Linear::stacked(precision, src, &[(lm_name.to_string(), v)], h, None)?
     };
-    // What the load read of a mapped table through its mapping (the tied lm_head's blocks, and the
-    // pages the kernel mapped around their edges) is given back once here: lookups read their rows
-    // from the file and keep nothing resident.
-    embed.release(0, v);
     Ok(Head {
         embed,
         wpe,
