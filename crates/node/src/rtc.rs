@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::cmd::options::failure;
 use anyhow::{Context, Result, anyhow, bail};
 use bytes::BytesMut;
 use daisy_wire::{
@@ -45,6 +44,8 @@ use rtc::peer_connection::{RTCPeerConnection, RTCPeerConnectionBuilder};
 use rtc::sansio::Protocol;
 use rtc::shared::{TaggedBytesMut, TransportContext, TransportProtocol};
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
+
+use crate::cmd::options::failure;
 
 /// Bytes handed to SCTP and not yet acknowledged before [`Link::send`] waits.
 pub(crate) const SEND_BUFFER_LIMIT: usize = 1 << 20;
@@ -178,7 +179,8 @@ where
             Ok(opened) => return Ok(opened),
             Err(e) if attempt < LINK_ATTEMPTS => {
                 daisy_engine::note(format_args!(
-                    "link {link} to {peer}: {e:#}; offering it again"
+                    "link {link} to {peer}: {}; offering it again",
+                    failure(&e)
                 ));
                 attempt += 1;
             }

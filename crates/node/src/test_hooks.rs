@@ -233,7 +233,8 @@ fn number(var: &str) -> Option<u64> {
 /// Sleep `$DAISY_TEST_SLOW_STEPS` milliseconds before each of a member's first two steps.
 pub(crate) fn slow_step() {
     static STEPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let Some(ms) = number("DAISY_TEST_SLOW_STEPS") else {
+    static SLOW: OnceLock<Option<u64>> = OnceLock::new();
+    let Some(ms) = *SLOW.get_or_init(|| number("DAISY_TEST_SLOW_STEPS")) else {
         return;
     };
     if STEPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 2 {
@@ -246,7 +247,7 @@ pub(crate) fn slow_step() {
 /// answer takes a while to stream, however busy the machine (a page test's browser, starved of the
 /// cores by a ring at full speed, could read a whole answer in one piece).
 pub(crate) fn pace_step() {
-    static PACE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static PACE: OnceLock<Option<u64>> = OnceLock::new();
     if let Some(ms) = *PACE.get_or_init(|| number("DAISY_TEST_PACE_STEPS")) {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }

@@ -1220,11 +1220,9 @@ impl Ring<'_> {
         if let (Some(down), Some((up_id, slot))) = (down, up) {
             let first = self.members[0].device.clone();
             let last = self.members[self.members.len() - 1].device.clone();
-            let down = Arc::new(
-                down.await
-                    .map_err(|e| anyhow!("{e}"))?
-                    .map_err(|e| Failure::member(&first, format!("the link to it: {e:#}")))?,
-            );
+            let down = Arc::new(down.await.map_err(|e| anyhow!("{e}"))?.map_err(|e| {
+                Failure::member(&first, format!("the link to it: {}", failure(&e)))
+            })?);
             // Ready, the last member has its side of its latest attempt open; the head's side
             // opens with it.
             let mut opened = slot.opened.subscribe();
@@ -1245,7 +1243,10 @@ impl Ring<'_> {
             let to_ring = {
                 let back = self.back_tx.clone();
                 rtc::Outbox::new(down.clone(), move |e| {
-                    let _ = back.send(Back::Down(first, format!("the link to it: {e:#}")));
+                    let _ = back.send(Back::Down(
+                        first,
+                        format!("the link to it: {}", failure(&e)),
+                    ));
                 })
             };
             {
@@ -1525,7 +1526,10 @@ impl Ring<'_> {
                                 if let Some(device) = &last {
                                     *culprit.borrow_mut() = Some((
                                         device.clone(),
-                                        format!("the head refused its activation: {e:#}"),
+                                        format!(
+                                            "the head refused its activation: {}",
+                                            failure_of(&e)
+                                        ),
                                     ));
                                 }
                                 e
@@ -1776,8 +1780,8 @@ impl Ring<'_> {
                     self.drop_member(&device, &why).await?;
                     if let Err(f) = self.establish().await {
                         bail!(
-                            "the ring could not be rebuilt for the replay: {:#}",
-                            f.into_error()
+                            "the ring could not be rebuilt for the replay: {}",
+                            failure(&f.into_error())
                         );
                     }
                 }

@@ -1012,7 +1012,7 @@ impl Runner {
                     && let Err(e) = self.stepper.member.begin(t.turn, t.continues)
                 {
                     self.failed = true;
-                    let _ = self.fail.blocking_send((self.epoch, format!("{e:#}")));
+                    let _ = self.fail.blocking_send((self.epoch, failure_of(&e)));
                     return;
                 }
                 let held = std::mem::take(&mut self.waiting);
@@ -1035,7 +1035,7 @@ impl Runner {
             let index = self.stepper.index;
             let _ = self
                 .fail
-                .blocking_send((self.epoch, format!("stage {index}: {e:#}")));
+                .blocking_send((self.epoch, format!("stage {index}: {}", failure(&e))));
         }
     }
 }
